@@ -1,0 +1,1 @@
+"""localcluster: GCP-like "VM" containers for the hostnet.llamafactory demo and tests."""

@@ -1,0 +1,332 @@
+"""Bring a local cluster of GCP-like "VM" containers up, report on it, tear it down.
+
+Each VM is a container running systemd as PID 1, its own dockerd (on a named volume) and sshd
+(host keys generated at first boot). Its primary NIC sits on a simulated VPC, carries a GCP-like
+name and the default route; the controller reaches it over a separate "external" network on
+which the VM accepts only SSH and ICMP, as GCP's default firewall does for public IPs.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import shutil
+import socket
+import subprocess
+import time
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import asdict
+from pathlib import Path
+
+import docker
+import docker.errors
+import yaml
+
+from . import images
+from .spec import VM, ClusterSpec, repo_root
+from .util import ClusterError, log, run, wait_until
+
+CLUSTER_LABEL = "hostnet.llamafactory.cluster"
+SPEC_LABEL = "hostnet.llamafactory.cluster.spec"
+EXTERNAL_NIC = "ext0"
+BOOT_DEADLINE_S = 120
+# --privileged fails where the host lacks CAP_SYS_RESOURCE: every other capability instead.
+CAP_DROP = ["SYS_RESOURCE"]
+
+
+def cache_dir() -> Path:
+    return Path(os.environ.get("HLF_CACHE_DIR", repo_root() / ".cache"))
+
+
+def state_dir(spec: ClusterSpec) -> Path:
+    return cache_dir() / "localcluster" / spec.name
+
+
+def spec_hash(spec: ClusterSpec) -> str:
+    text = json.dumps(asdict(spec), default=str, sort_keys=True)
+    return hashlib.sha256(text.encode()).hexdigest()[:16]
+
+
+def client() -> docker.DockerClient:
+    try:
+        docker_client = docker.from_env(timeout=300)
+        docker_client.ping()
+    except docker.errors.DockerException as exc:
+        raise ClusterError(f"Docker does not answer ({exc}): start dockerd, or run .ci/run once "
+                           "to install and start it") from exc
+    return docker_client
+
+
+def _labels(spec: ClusterSpec, **extra: str) -> dict[str, str]:
+    return {CLUSTER_LABEL: spec.name, **extra}
+
+
+def _vm_networks(spec: ClusterSpec, vm: VM) -> list[tuple[str, str]]:
+    """(network role, interface name inside the VM), primary first."""
+    pairs = [("vpc", vm.nic), ("external", EXTERNAL_NIC)]
+    if vm.second_nic:
+        pairs.append(("secondary", vm.second_nic))
+    if vm.decoy:
+        pairs.append(("decoy", vm.decoy))
+    return pairs
+
+
+# ---------------------------------------------------------------- up
+
+
+def up(spec: ClusterSpec) -> dict:
+    """Create the cluster (or keep it when it is already up as defined); return its state."""
+    started = time.monotonic()
+    docker_client = client()
+    wanted = spec_hash(spec)
+    existing = docker_client.containers.list(all=True, filters={"label": f"{CLUSTER_LABEL}={spec.name}"})
+    if existing:
+        same = all(c.labels.get(SPEC_LABEL) == wanted and c.status == "running" for c in existing)
+        if same and len(existing) == len(spec.vms) and (state_dir(spec) / "state.json").exists():
+            log(f"cluster {spec.name}: already up as defined")
+            state = json.loads((state_dir(spec) / "state.json").read_text())
+            _check_ssh(state)
+            write_inventory(spec, state)
+            return state
+        log(f"cluster {spec.name}: exists with another definition or stopped; recreating")
+        down(spec)
+
+    for platform in sorted({vm.platform for vm in spec.vms}):
+        images.ensure_vm_image(docker_client, images.PLATFORMS[platform], cache_dir())
+    probe = images.ensure_probe_image(docker_client, cache_dir())
+
+    directory = state_dir(spec)
+    directory.mkdir(parents=True, exist_ok=True)
+    key = directory / "id_ed25519"
+    if not key.exists():
+        run(["ssh-keygen", "-q", "-t", "ed25519", "-N", "", "-C", f"hlf-{spec.name}", "-f", str(key)])
+    public_key = key.with_suffix(".pub").read_text().strip()
+
+    try:
+        _create_networks(docker_client, spec)
+        containers = [_create_vm(docker_client, spec, vm, wanted) for vm in spec.vms]
+        for container in containers:
+            container.start()
+        log(f"cluster {spec.name}: {len(containers)} VMs started, configuring")
+        with ThreadPoolExecutor(max_workers=min(8, len(containers))) as pool:
+            nodes = list(pool.map(lambda pair: _configure_vm(spec, *pair, public_key, probe),
+                                  zip(spec.vms, containers)))
+    except BaseException:
+        log(f"cluster {spec.name}: bring-up failed, tearing down what was created")
+        down(spec, quiet=True)
+        raise
+
+    state = {"name": spec.name, "user": spec.user, "ssh_key": str(key),
+             "known_hosts": str(directory / "known_hosts"), "inventory": str(spec.inventory),
+             "nodes": nodes}
+    (directory / "known_hosts").write_text(
+        "".join(f"{n['external_address']} {n['host_key']}\n" for n in nodes))
+    _check_ssh(state)
+    (directory / "state.json").write_text(json.dumps(state, indent=2) + "\n")
+    write_inventory(spec, state)
+    log(f"cluster {spec.name}: up in {time.monotonic() - started:.1f} s; inventory {spec.inventory}")
+    return state
+
+
+def _create_networks(docker_client, spec: ClusterSpec) -> None:
+    for role, network in spec.networks.items():
+        # internal: the host reaches the VMs, nothing is routed beyond them.
+        docker_client.networks.create(
+            spec.network_name(role), driver="bridge", internal=True, labels=_labels(spec),
+            options={"com.docker.network.driver.mtu": str(network.mtu)},
+            ipam=docker.types.IPAMConfig(pool_configs=[docker.types.IPAMPool(
+                subnet=str(network.subnet), gateway=network.gateway)]))
+
+
+def _create_vm(docker_client, spec: ClusterSpec, vm: VM, wanted: str):
+    name = spec.container(vm)
+    docker_client.volumes.create(spec.volume(vm), labels=_labels(spec))
+    api = docker_client.api
+    endpoints = {}
+    for role, _ in _vm_networks(spec, vm):
+        aliases = [vm.name] if role == "vpc" else None
+        endpoints[spec.network_name(role)] = api.create_endpoint_config(
+            ipv4_address=spec.networks[role].address(vm.index), aliases=aliases)
+    first = spec.network_name("vpc")
+    container = docker_client.containers.create(
+        images.PLATFORMS[vm.platform].image, name=name, hostname=vm.name, detach=True,
+        command=["/lib/systemd/systemd"], environment={"container": "docker"},
+        labels=_labels(spec, **{SPEC_LABEL: wanted, "hostnet.llamafactory.vm": vm.name}),
+        cap_add=["ALL"], cap_drop=CAP_DROP,
+        security_opt=["seccomp=unconfined", "apparmor=unconfined"],
+        device_cgroup_rules=["a *:* rwm"],
+        tmpfs={"/run": "rw,exec", "/run/lock": "rw", "/tmp": "rw,exec"},
+        volumes={"/sys/fs/cgroup": {"bind": "/sys/fs/cgroup", "mode": "rw"},
+                 "/lib/modules": {"bind": "/lib/modules", "mode": "ro"},
+                 spec.volume(vm): {"bind": "/var/lib/docker", "mode": "rw"}},
+        stop_signal="SIGRTMIN+3",
+        network=first,
+        networking_config={first: endpoints.pop(first)},
+    )
+    for network_name, endpoint in endpoints.items():
+        api.connect_container_to_network(container.id, network_name,
+                                         ipv4_address=endpoint["IPAMConfig"]["IPv4Address"])
+    return container
+
+
+def _exec(container, script: str, env: dict | None = None, deadline_s: float = 120) -> str:
+    result = run(["docker", "exec", *[f"-e{k}={v}" for k, v in (env or {}).items()],
+                  container.name, "sh", "-ec", script], timeout=deadline_s)
+    return result.stdout
+
+
+def _rename_script(container, spec: ClusterSpec, vm: VM) -> str:
+    """Shell that gives each of the VM's interfaces its configured name (matched by MAC)."""
+    container.reload()
+    attached = container.attrs["NetworkSettings"]["Networks"]
+    lines = []
+    pairs = _vm_networks(spec, vm)
+    for n, (role, _) in enumerate(pairs):
+        mac = attached[spec.network_name(role)]["MacAddress"]
+        lines.append(f'i=$(grep -l "^{mac}$" /sys/class/net/*/address | cut -d/ -f5); '
+                     f'ip link set "$i" down; ip link set "$i" name hlftmp{n}')
+    for n, (_, nic) in enumerate(pairs):
+        lines.append(f"ip link set hlftmp{n} name {nic}; ip link set {nic} up")
+    default = ("decoy", vm.decoy) if vm.decoy else ("vpc", vm.nic)
+    lines.append(f"ip route replace default via {spec.networks[default[0]].gateway} dev {default[1]}")
+    # The external path accepts SSH and ICMP only (GCP's default rules for public IPs).
+    lines += [f"iptables -A INPUT -i {EXTERNAL_NIC} -m conntrack --ctstate ESTABLISHED,RELATED -j ACCEPT",
+              f"iptables -A INPUT -i {EXTERNAL_NIC} -p tcp --dport 22 -j ACCEPT",
+              f"iptables -A INPUT -i {EXTERNAL_NIC} -p icmp -j ACCEPT",
+              f"iptables -A INPUT -i {EXTERNAL_NIC} -j DROP"]
+    return "\n".join(lines)
+
+
+USER_SCRIPT = """
+id -u "$VM_USER" >/dev/null 2>&1 || useradd -m -s /bin/bash "$VM_USER"
+usermod -p '*' "$VM_USER"
+install -d -m 0700 -o "$VM_USER" -g "$VM_USER" "/home/$VM_USER/.ssh"
+printf '%s\\n' "$VM_KEY" > "/home/$VM_USER/.ssh/authorized_keys"
+chown "$VM_USER:$VM_USER" "/home/$VM_USER/.ssh/authorized_keys"
+chmod 0600 "/home/$VM_USER/.ssh/authorized_keys"
+printf '%s ALL=(ALL) NOPASSWD:ALL\\n' "$VM_USER" > /etc/sudoers.d/90-localcluster
+chmod 0440 /etc/sudoers.d/90-localcluster
+"""
+
+
+def _configure_vm(spec: ClusterSpec, vm: VM, container, public_key: str, probe: str) -> dict:
+    _exec(container, _rename_script(container, spec, vm))
+    _exec(container, USER_SCRIPT, env={"VM_USER": spec.user, "VM_KEY": public_key})
+    # Like GCP's internal DNS: every VM's name resolves to its VPC address, on every VM.
+    hosts = "".join(f"{spec.networks['vpc'].address(peer.index)}\t{peer.name}\n"
+                    for peer in spec.vms)
+    _exec(container, 'grep -v "\\s$VM_NAME$" /etc/hosts > /tmp/hosts; printf "$HOSTS" >> /tmp/hosts; '
+          "cat /tmp/hosts > /etc/hosts; rm /tmp/hosts", env={"VM_NAME": vm.name, "HOSTS": hosts})
+    wait_until(f"{vm.name}: systemd, sshd and dockerd",
+               lambda: run(["docker", "exec", container.name, "systemctl", "is-active", "ssh",
+                            "docker"], check=False).returncode == 0,
+               deadline_s=BOOT_DEADLINE_S)
+    wait_until(f"{vm.name}: dockerd",
+               lambda: run(["docker", "exec", container.name, "docker", "info"],
+                           check=False).returncode == 0, deadline_s=BOOT_DEADLINE_S)
+    with subprocess.Popen(["docker", "save", probe], stdout=subprocess.PIPE) as save:
+        loaded = subprocess.run(["docker", "exec", "-i", container.name, "docker", "load", "-q"],
+                                stdin=save.stdout, capture_output=True, text=True, timeout=300,
+                                check=False)
+        save.stdout.close()
+    if loaded.returncode != 0:
+        raise ClusterError(f"{vm.name}: loading {probe} into its dockerd failed: {loaded.stderr}")
+    host_key = wait_until(
+        f"{vm.name}: SSH host key",
+        lambda: _exec(container, "cat /etc/ssh/ssh_host_ed25519_key.pub").strip(),
+        deadline_s=BOOT_DEADLINE_S)
+    host_key = " ".join(host_key.split()[:2])
+    return {"name": vm.name, "container": container.name, "index": vm.index,
+            "platform": vm.platform, "nic": vm.nic, "second_nic": vm.second_nic,
+            "decoy": vm.decoy, "vpc_address": spec.networks["vpc"].address(vm.index),
+            "vpc_prefix": spec.networks["vpc"].subnet.prefixlen,
+            "vpc_mtu": spec.networks["vpc"].mtu,
+            "external_address": spec.networks["external"].address(vm.index),
+            "second_address": (spec.networks["secondary"].address(vm.index)
+                               if vm.second_nic else None),
+            "decoy_address": spec.networks["decoy"].address(vm.index) if vm.decoy else None,
+            "host_key": host_key}
+
+
+def _check_ssh(state: dict) -> None:
+    """Every VM's sshd answers on its external address, with the recorded host key."""
+    for node in state["nodes"]:
+        address = node["external_address"]
+
+        def banner(address=address) -> bool:
+            with socket.create_connection((address, 22), timeout=3) as sock:
+                return sock.recv(64).startswith(b"SSH-")
+
+        wait_until(f"{node['name']}: sshd on {address}", banner, deadline_s=BOOT_DEADLINE_S)
+        run(["ssh", "-i", state["ssh_key"], "-o", "BatchMode=yes", "-o", "IdentitiesOnly=yes",
+             "-o", f"UserKnownHostsFile={state['known_hosts']}", "-o", "StrictHostKeyChecking=yes",
+             "-o", "ConnectTimeout=10", f"{state['user']}@{address}", "true"], timeout=60)
+
+
+def write_inventory(spec: ClusterSpec, state: dict) -> Path:
+    ssh_args = (f"-o UserKnownHostsFile={state['known_hosts']} -o StrictHostKeyChecking=yes "
+                "-o IdentitiesOnly=yes")
+    hosts = {}
+    for node in state["nodes"]:
+        hosts[node["name"]] = {"ansible_host": node["external_address"],
+                               "llamafactory_node_rank": node["index"]}
+    inventory = {"all": {"children": {"llamafactory": {
+        "hosts": hosts,
+        "vars": {"ansible_user": state["user"],
+                 "ansible_ssh_private_key_file": state["ssh_key"],
+                 "ansible_ssh_common_args": ssh_args,
+                 "ansible_python_interpreter": "/usr/bin/python3",
+                 "llamafactory_platform": "local"}}}}}
+    header = [f"# Written by `localcluster up` for the local cluster {spec.name!r}; removed by",
+              "# `localcluster down`. ansible_host is each VM's external address (SSH only);",
+              "# the VPC addresses the nodes train over:"]
+    header += [f"#   {n['name']}: {n['vpc_address']}/{n['vpc_prefix']} on {n['nic']}"
+               for n in state["nodes"]]
+    spec.inventory.parent.mkdir(parents=True, exist_ok=True)
+    spec.inventory.write_text("\n".join(header) + "\n---\n" + yaml.safe_dump(inventory, sort_keys=False))
+    return spec.inventory
+
+
+# ---------------------------------------------------------------- down / status
+
+
+def leftovers(docker_client, name: str) -> list[str]:
+    """Everything of cluster `name` that still exists in Docker (containers, networks, volumes)."""
+    label = {"label": f"{CLUSTER_LABEL}={name}"}
+    found = [f"container {c.name}" for c in docker_client.containers.list(all=True, filters=label)]
+    found += [f"network {n.name}" for n in docker_client.networks.list(filters=label)]
+    found += [f"volume {v.name}" for v in docker_client.volumes.list(filters=label)]
+    return found
+
+
+def down(spec: ClusterSpec, quiet: bool = False) -> None:
+    docker_client = client()
+    label = {"label": f"{CLUSTER_LABEL}={spec.name}"}
+    for container in docker_client.containers.list(all=True, filters=label):
+        container.remove(force=True, v=True)
+        quiet or log(f"removed container {container.name}")
+    for network in docker_client.networks.list(filters=label):
+        network.remove()
+        quiet or log(f"removed network {network.name}")
+    for volume in docker_client.volumes.list(filters=label):
+        volume.remove(force=True)
+        quiet or log(f"removed volume {volume.name}")
+    shutil.rmtree(state_dir(spec), ignore_errors=True)
+    if spec.inventory.exists():
+        spec.inventory.unlink()
+    left = leftovers(docker_client, spec.name)
+    if left:
+        raise ClusterError(f"cluster {spec.name}: could not remove {', '.join(left)}")
+    quiet or log(f"cluster {spec.name}: down, nothing left but the cached images")
+
+
+def status(spec: ClusterSpec) -> list[dict]:
+    docker_client = client()
+    rows = []
+    for container in docker_client.containers.list(
+            all=True, filters={"label": f"{CLUSTER_LABEL}={spec.name}"}):
+        networks = container.attrs["NetworkSettings"]["Networks"]
+        rows.append({"container": container.name, "status": container.status,
+                     "addresses": {name: net["IPAddress"] for name, net in networks.items()}})
+    return rows

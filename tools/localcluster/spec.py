@@ -1,0 +1,169 @@
+"""The cluster definition: one YAML file shared by the demo and the tests."""
+
+from __future__ import annotations
+
+import ipaddress
+import re
+from dataclasses import dataclass, field, replace
+from pathlib import Path
+
+import yaml
+
+from .images import PLATFORMS
+from .util import ClusterError
+
+# Every simulated network lives in the range set aside for network tests (RFC 2544).
+ALLOWED_RANGE = ipaddress.ip_network("198.18.0.0/15")
+DEFAULT_DEFINITION = Path(__file__).resolve().parent / "cluster.yml"
+NAME_RE = re.compile(r"^[a-z][a-z0-9-]{0,20}$")
+NIC_RE = re.compile(r"^[a-z][a-z0-9]{1,14}$")
+HOST_OFFSET = 10  # VM i gets address .(10 + i) on every network
+
+
+@dataclass(frozen=True)
+class Network:
+    """One simulated network: the VPC, the external path, a second NIC's or the decoy's."""
+
+    role: str
+    subnet: ipaddress.IPv4Network
+    mtu: int = 1500
+
+    @property
+    def gateway(self) -> str:
+        return str(self.subnet.network_address + 1)
+
+    def address(self, index: int) -> str:
+        return str(self.subnet.network_address + HOST_OFFSET + index)
+
+
+@dataclass(frozen=True)
+class VM:
+    name: str
+    index: int
+    nic: str = "ens4"
+    platform: str = "debian12"
+    second_nic: str | None = None  # a second real NIC on the "secondary" network
+    decoy: str | None = None  # a NIC named like a real one that carries the default route
+
+
+@dataclass(frozen=True)
+class ClusterSpec:
+    name: str
+    user: str
+    networks: dict[str, Network]
+    vms: tuple[VM, ...]
+    inventory: Path
+    extra: dict = field(default_factory=dict)
+
+    def prefix(self) -> str:
+        return f"hlf-{self.name}"
+
+    def container(self, vm: VM) -> str:
+        return f"{self.prefix()}-{vm.name}"
+
+    def network_name(self, role: str) -> str:
+        return f"{self.prefix()}-{role}"
+
+    def volume(self, vm: VM) -> str:
+        return f"{self.prefix()}-{vm.name}-docker"
+
+    def with_vms(self, vms: list[dict]) -> ClusterSpec:
+        return replace(self, vms=tuple(_vm(i, raw, self.networks) for i, raw in enumerate(vms)))
+
+
+def _fail(message: str) -> None:
+    raise ClusterError(f"cluster definition: {message}")
+
+
+def _network(role: str, raw: dict) -> Network:
+    try:
+        subnet = ipaddress.ip_network(raw["subnet"])
+    except (KeyError, ValueError) as exc:
+        _fail(f"networks.{role}.subnet: {exc}; give an IPv4 subnet such as 198.18.0.0/24")
+    if not (subnet.version == 4 and subnet.subnet_of(ALLOWED_RANGE)):
+        _fail(f"networks.{role}.subnet {subnet} is outside {ALLOWED_RANGE}: simulated networks "
+              "must stay in the range reserved for network tests")
+    if subnet.num_addresses < 64:
+        _fail(f"networks.{role}.subnet {subnet} is too small: use a /26 or larger")
+    mtu = int(raw.get("mtu", 1500))
+    if not 1280 <= mtu <= 9000:
+        _fail(f"networks.{role}.mtu {mtu} must be within 1280..9000")
+    return Network(role, subnet, mtu)
+
+
+def _vm(index: int, raw: dict | str, networks: dict[str, Network]) -> VM:
+    raw = {"name": raw} if isinstance(raw, str) else dict(raw)
+    vm = VM(name=str(raw.pop("name", f"vm{index}")), index=index, nic=raw.pop("nic", "ens4"),
+            platform=raw.pop("platform", "debian12"), second_nic=raw.pop("second_nic", None),
+            decoy=raw.pop("decoy", None))
+    where = f"vms[{index}] ({vm.name})"
+    if raw:
+        _fail(f"{where}: unknown keys {sorted(raw)}; known: name, nic, platform, second_nic, decoy")
+    if not NAME_RE.match(vm.name):
+        _fail(f"{where}: name must match {NAME_RE.pattern}")
+    if vm.platform not in PLATFORMS:
+        _fail(f"{where}: platform {vm.platform!r} is not one of {sorted(PLATFORMS)}")
+    nics = [n for n in (vm.nic, vm.second_nic, vm.decoy) if n]
+    for nic in nics:
+        if not NIC_RE.match(nic) or nic.startswith("hlftmp"):
+            _fail(f"{where}: NIC name {nic!r} must match {NIC_RE.pattern} (and not start hlftmp)")
+    if len(set(nics)) != len(nics):
+        _fail(f"{where}: NIC names must differ, got {nics}")
+    for key, role in (("second_nic", "secondary"), ("decoy", "decoy")):
+        if getattr(vm, key) and role not in networks:
+            _fail(f"{where}: {key} needs networks.{role} to be defined")
+    return vm
+
+
+def load(path: Path | None = None, **overrides) -> ClusterSpec:
+    """Read a definition; `overrides` replace top-level keys (name, nodes, vms, inventory...)."""
+    path = path or DEFAULT_DEFINITION
+    try:
+        raw = yaml.safe_load(Path(path).read_text()) or {}
+    except (OSError, yaml.YAMLError) as exc:
+        raise ClusterError(f"cannot read the cluster definition {path}: {exc}") from exc
+    raw.update({k: v for k, v in overrides.items() if v is not None})
+    return parse(raw)
+
+
+def parse(raw: dict) -> ClusterSpec:
+    name = str(raw.get("name", "demo"))
+    if not NAME_RE.match(name):
+        _fail(f"name {name!r} must match {NAME_RE.pattern}")
+    networks = {role: _network(role, value) for role, value in (raw.get("networks") or {}).items()}
+    for role in ("vpc", "external"):
+        if role not in networks:
+            _fail(f"networks.{role} is required")
+    unknown = set(networks) - {"vpc", "external", "secondary", "decoy"}
+    if unknown:
+        _fail(f"unknown networks {sorted(unknown)}; known: vpc, external, secondary, decoy")
+    subnets = [n.subnet for n in networks.values()]
+    for i, a in enumerate(subnets):
+        for b in subnets[i + 1:]:
+            if a.overlaps(b):
+                _fail(f"subnets {a} and {b} overlap")
+    vms_raw = raw.get("vms")
+    nodes = raw.get("nodes")
+    if nodes is not None:
+        template = dict((vms_raw or [{}])[0]) if vms_raw else {}
+        template.pop("name", None)
+        vms_raw = [dict(template, name=f"vm{i}") for i in range(int(nodes))]
+    if not vms_raw:
+        _fail("vms: define at least one VM (or nodes: N)")
+    vms = tuple(_vm(i, item, networks) for i, item in enumerate(vms_raw))
+    if len({vm.name for vm in vms}) != len(vms):
+        _fail("vms: names must be unique")
+    capacity = min(n.subnet.num_addresses for n in networks.values()) - HOST_OFFSET - 2
+    if len(vms) > capacity:
+        _fail(f"{len(vms)} VMs do not fit the smallest subnet (at most {capacity})")
+    user = str(raw.get("user", "gce"))
+    if not re.match(r"^[a-z_][a-z0-9_-]{0,31}$", user) or user == "root":
+        _fail(f"user {user!r} must be a plain non-root login name")
+    inventory = Path(raw.get("inventory") or f"inventories/local/{name}.yml")
+    if not inventory.is_absolute():
+        inventory = repo_root() / inventory
+    return ClusterSpec(name=name, user=user, networks=networks, vms=vms, inventory=inventory)
+
+
+def repo_root() -> Path:
+    return Path(__file__).resolve().parents[2]
