@@ -115,8 +115,19 @@ def _vm(index: int, raw: dict | str, networks: dict[str, Network]) -> VM:
     return vm
 
 
+def _shifted(raw: dict, shift: int) -> dict:
+    """Move a network by `shift` x 32 /24s, so that clusters of one definition can coexist."""
+    if not shift or "subnet" not in raw:
+        return raw
+    subnet = ipaddress.ip_network(raw["subnet"])
+    moved = ipaddress.ip_network((int(subnet.network_address) + shift * 32 * 256,
+                                  subnet.prefixlen))
+    return dict(raw, subnet=str(moved))
+
+
 def load(path: Path | None = None, **overrides) -> ClusterSpec:
-    """Read a definition; `overrides` replace top-level keys (name, nodes, vms, inventory...)."""
+    """Read a definition; `overrides` replace top-level keys (name, nodes, vms, inventory,
+    shift: move every subnet by shift x 32 /24s)."""
     path = path or DEFAULT_DEFINITION
     try:
         raw = yaml.safe_load(Path(path).read_text()) or {}
@@ -130,7 +141,8 @@ def parse(raw: dict) -> ClusterSpec:
     name = str(raw.get("name", "demo"))
     if not NAME_RE.match(name):
         _fail(f"name {name!r} must match {NAME_RE.pattern}")
-    networks = {role: _network(role, value) for role, value in (raw.get("networks") or {}).items()}
+    networks = {role: _network(role, _shifted(value, int(raw.get("shift") or 0)))
+                for role, value in (raw.get("networks") or {}).items()}
     for role in ("vpc", "external"):
         if role not in networks:
             _fail(f"networks.{role} is required")

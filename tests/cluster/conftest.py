@@ -1,0 +1,77 @@
+"""Fixtures for tests on the local cluster: one cluster per session, shared read-only."""
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import ansible_runner
+import pytest
+from localcluster import cluster, spec
+
+ROOT = Path(__file__).resolve().parents[2]
+# ansible-runner starts ansible/ansible-playbook from PATH: use this venv's.
+os.environ["PATH"] = f"{Path(sys.executable).parent}{os.pathsep}{os.environ['PATH']}"
+os.environ.setdefault("ANSIBLE_CONFIG", str(ROOT / "ansible.cfg"))
+
+
+def pytest_collection_modifyitems(items):
+    for item in items:
+        item.add_marker(pytest.mark.cluster)
+
+
+@pytest.fixture(scope="session")
+def test_cluster():
+    """The default definition as cluster 'test', moved off the demo's subnets."""
+    definition = spec.load(name="test", shift=1)
+    state = cluster.up(definition)
+    yield definition, state
+    cluster.down(definition)
+
+
+class VM:
+    """One VM of a running cluster, for assertions."""
+
+    def __init__(self, node: dict):
+        self.node = node
+        self.name = node["name"]
+
+    def sh(self, script: str, check: bool = True, timeout: float = 120):
+        result = subprocess.run(["docker", "exec", self.node["container"], "sh", "-c", script],
+                                capture_output=True, text=True, timeout=timeout, check=False)
+        if check and result.returncode != 0:
+            raise AssertionError(f"{self.name}: {script!r} failed ({result.returncode}): "
+                                 f"{result.stdout}{result.stderr}")
+        return result
+
+    def addresses(self) -> dict[str, dict]:
+        """interface name -> {'ipv4': [(address, prefix)], 'mtu': n, 'up': bool}"""
+        links = json.loads(self.sh("ip -j addr show").stdout)
+        return {link["ifname"]: {
+            "ipv4": [(a["local"], a["prefixlen"]) for a in link.get("addr_info", [])
+                     if a["family"] == "inet"],
+            "mtu": link["mtu"], "up": "UP" in link["flags"]} for link in links}
+
+    def default_route(self) -> dict:
+        return json.loads(self.sh("ip -j route show default").stdout)[0]
+
+
+@pytest.fixture(scope="session")
+def vms(test_cluster):
+    return [VM(node) for node in test_cluster[1]["nodes"]]
+
+
+def ansible_facts(inventory: str, tmp_path: Path) -> dict[str, dict]:
+    """Network facts of every llamafactory host, gathered over SSH by ansible-runner."""
+    result = ansible_runner.run(
+        private_data_dir=str(tmp_path), inventory=inventory, host_pattern="llamafactory",
+        module="ansible.builtin.setup", module_args="gather_subset=!all,!min,network,distribution",
+        quiet=True, timeout=300)
+    facts = {}
+    for event in result.events:
+        if event.get("event") == "runner_on_ok":
+            data = event["event_data"]
+            facts[data["host"]] = data["res"]["ansible_facts"]
+    assert result.rc == 0, f"ansible setup failed: {result.stats}"
+    return facts

@@ -1,0 +1,119 @@
+"""The local cluster behaves like two GCP VMs: reached over an external path by SSH only,
+training NIC with a GCP-like name on a VPC, its own dockerd, host networking that sees the NIC."""
+
+import json
+import socket
+import time
+
+import pytest
+from conftest import ansible_facts
+from localcluster import cluster
+
+RENDEZVOUS_PORT = 29500
+
+
+def test_ansible_reaches_every_vm_over_the_external_path(test_cluster, tmp_path):
+    definition, state = test_cluster
+    facts = ansible_facts(state["inventory"], tmp_path)
+    assert sorted(facts) == ["vm0", "vm1"]
+    for node in state["nodes"]:
+        host = facts[node["name"]]
+        # Connected through the external address, while the node's own view is the VPC one.
+        assert node["external_address"] != node["vpc_address"]
+        assert host["ansible_default_ipv4"]["interface"] == "ens4"
+        assert host["ansible_default_ipv4"]["address"] == node["vpc_address"]
+        assert host["ansible_default_ipv4"]["mtu"] == 1460
+        assert host["ansible_distribution"] == "Debian"
+        assert host["ansible_distribution_major_version"] == "12"
+        assert "ext0" in host["ansible_interfaces"]
+    text = open(state["inventory"]).read()
+    assert "llamafactory_platform: local" in text
+    for node in state["nodes"]:
+        assert f"ansible_host: {node['external_address']}" in text
+        assert f"ansible_host: {node['vpc_address']}" not in text
+
+
+def test_nic_names_addresses_and_routes_are_as_defined(test_cluster, vms):
+    definition, _ = test_cluster
+    vpc = definition.networks["vpc"]
+    for vm in vms:
+        links = vm.addresses()
+        assert set(links) >= {"lo", "ens4", "ext0", "docker0"}
+        assert not [name for name in links if name.startswith(("eth", "hlftmp"))]
+        assert links["ens4"]["ipv4"] == [(vm.node["vpc_address"], vpc.subnet.prefixlen)]
+        assert links["ens4"]["mtu"] == 1460 and links["ens4"]["up"]
+        assert links["ext0"]["ipv4"][0][0] == vm.node["external_address"]
+        route = vm.default_route()
+        assert (route["dev"], route["gateway"]) == ("ens4", vpc.gateway)
+        # Every VM name resolves to its VPC address, as GCP's internal DNS does.
+        for peer in vms:
+            assert vm.sh(f"getent hosts {peer.name}").stdout.split()[0] == peer.node["vpc_address"]
+
+
+def test_host_keys_are_unique_and_systemd_is_healthy(vms):
+    keys = {vm.sh("cat /etc/ssh/ssh_host_ed25519_key.pub").stdout.split()[1] for vm in vms}
+    assert len(keys) == len(vms)
+    for vm in vms:
+        state = vm.sh("systemctl is-system-running", check=False).stdout.strip()
+        failed = vm.sh("systemctl --failed --no-legend").stdout.strip()
+        assert state == "running", f"{vm.name}: systemd {state}; failed units: {failed}"
+
+
+def test_each_vm_dockerd_runs_a_host_networked_container_that_sees_the_nic(vms):
+    for vm in vms:
+        seen = vm.sh("docker run --rm --net=host hostnet-llamafactory/probe:busybox "
+                     "ip -o -4 addr show dev ens4").stdout
+        assert f"inet {vm.node['vpc_address']}/" in seen
+        # The trap this project exists for: on the default bridge the container sees only
+        # Docker's 172.17.0.0/16, an address no other VM can reach.
+        bridged = vm.sh("docker run --rm hostnet-llamafactory/probe:busybox "
+                        "ip -o -4 addr show").stdout
+        assert "ens4" not in bridged and " 172.17." in bridged
+
+
+def _connects(vm, address: str, port: int) -> bool:
+    probe = (f"python3 -c \"import socket; socket.create_connection(('{address}', {port}), "
+             "timeout=3).close()\"")
+    return vm.sh(probe, check=False).returncode == 0
+
+
+def test_vms_reach_each_other_over_the_vpc_but_not_their_external_addresses(vms):
+    master, worker = vms[0], vms[1]
+    master.sh("docker run -d --rm --net=host --name rendezvous hostnet-llamafactory/probe:busybox "
+              f"nc -ll -p {RENDEZVOUS_PORT} -e true")
+    try:
+        deadline = time.monotonic() + 30
+        while not _connects(master, "127.0.0.1", RENDEZVOUS_PORT):
+            assert time.monotonic() < deadline, "the listener in vm0 did not come up"
+            time.sleep(0.5)
+        assert _connects(worker, master.node["vpc_address"], RENDEZVOUS_PORT)
+        assert worker.sh(f"ping -c1 -W3 {master.node['vpc_address']}", check=False).returncode == 0
+        # ansible_host is the external address: as on GCP, only SSH (and ping) get through.
+        assert not _connects(worker, master.node["external_address"], RENDEZVOUS_PORT)
+        assert _connects(worker, master.node["external_address"], 22)
+    finally:
+        master.sh("docker rm -f rendezvous", check=False)
+
+
+def test_the_controller_reaches_ssh_but_nothing_else_on_the_external_address(vms):
+    address = vms[0].node["external_address"]
+    with socket.create_connection((address, 22), timeout=5) as sock:
+        assert sock.recv(16).startswith(b"SSH-")
+    with pytest.raises(OSError):
+        socket.create_connection((address, RENDEZVOUS_PORT), timeout=3).close()
+
+
+def test_up_again_keeps_the_running_cluster(test_cluster):
+    definition, state = test_cluster
+    before = {c["container"]: c for c in cluster.status(definition)}
+    ids = {name: _container_id(name) for name in before}
+    again = cluster.up(definition)
+    assert again["nodes"] == state["nodes"]
+    assert {name: _container_id(name) for name in before} == ids
+
+
+def _container_id(name: str) -> str:
+    import subprocess
+
+    out = subprocess.run(["docker", "inspect", name], capture_output=True, text=True, check=True)
+    return json.loads(out.stdout)[0]["Id"]

@@ -1,0 +1,97 @@
+"""The cluster definition: defaults, overrides, and refusals that name the fix."""
+
+import ipaddress
+
+import pytest
+import yaml
+from localcluster import cluster, spec
+from localcluster.util import ClusterError
+
+BASE = {"networks": {"vpc": {"subnet": "198.18.0.0/24", "mtu": 1460},
+                     "external": {"subnet": "198.19.0.0/24"},
+                     "secondary": {"subnet": "198.18.1.0/24"},
+                     "decoy": {"subnet": "198.18.2.0/24"}},
+        "vms": [{"name": "vm0"}, {"name": "vm1", "nic": "eth0"}]}
+
+
+def parse(**changes):
+    return spec.parse({**BASE, **changes})
+
+
+def test_default_definition_is_two_gcp_like_vms():
+    definition = spec.load()
+    assert [vm.name for vm in definition.vms] == ["vm0", "vm1"]
+    assert {vm.nic for vm in definition.vms} == {"ens4"}
+    assert definition.networks["vpc"].mtu == 1460
+    assert definition.inventory == spec.repo_root() / "inventories/local/demo.yml"
+    for network in definition.networks.values():
+        assert network.subnet.subnet_of(ipaddress.ip_network("198.18.0.0/15"))
+
+
+def test_addresses_and_names():
+    definition = parse(name="t1")
+    vm1 = definition.vms[1]
+    assert definition.networks["vpc"].address(vm1.index) == "198.18.0.11"
+    assert definition.networks["external"].address(vm1.index) == "198.19.0.11"
+    assert definition.networks["vpc"].gateway == "198.18.0.1"
+    assert definition.container(vm1) == "hlf-t1-vm1"
+    assert definition.network_name("vpc") == "hlf-t1-vpc"
+    assert vm1.nic == "eth0"
+
+
+def test_nodes_override_keeps_the_first_vms_settings():
+    definition = parse(nodes=3, vms=[{"name": "a", "nic": "enp0s12"}])
+    assert [(vm.name, vm.nic) for vm in definition.vms] == [
+        ("vm0", "enp0s12"), ("vm1", "enp0s12"), ("vm2", "enp0s12")]
+
+
+def test_shift_moves_every_subnet_and_stays_in_range():
+    definition = parse(shift=1)
+    assert str(definition.networks["vpc"].subnet) == "198.18.32.0/24"
+    assert str(definition.networks["external"].subnet) == "198.19.32.0/24"
+    with pytest.raises(ClusterError, match="outside 198.18.0.0/15"):
+        parse(shift=8)
+
+
+@pytest.mark.parametrize(("changes", "message"), [
+    ({"networks": {**BASE["networks"], "vpc": {"subnet": "10.0.0.0/24"}}},
+     r"networks.vpc.subnet 10.0.0.0/24 is outside 198.18.0.0/15"),
+    ({"networks": {**BASE["networks"], "vpc": {"subnet": "198.19.0.0/25"}}}, "overlap"),
+    ({"networks": {"vpc": BASE["networks"]["vpc"]}}, "networks.external is required"),
+    ({"networks": {**BASE["networks"], "vpc": {"subnet": "198.18.0.0/24", "mtu": 100}}},
+     "mtu 100 must be within"),
+    ({"vms": [{"name": "vm0", "nic": "Bad-Name"}]}, r"NIC name 'Bad-Name' must match"),
+    ({"vms": [{"name": "vm0", "nic": "ens4", "decoy": "ens4"}]}, "NIC names must differ"),
+    ({"vms": [{"name": "vm0", "colour": "red"}]}, r"unknown keys \['colour'\]"),
+    ({"vms": [{"name": "vm0", "platform": "centos7"}]}, "platform 'centos7' is not one of"),
+    ({"vms": ["vm0", "vm0"]}, "names must be unique"),
+    ({"vms": []}, "define at least one VM"),
+    ({"user": "root"}, "plain non-root login"),
+    ({"name": "Demo!"}, "name 'Demo!' must match"),
+])
+def test_bad_definitions_are_refused_with_the_fix(changes, message):
+    with pytest.raises(ClusterError, match=message):
+        parse(**changes)
+
+
+def test_decoy_needs_its_network():
+    networks = {k: v for k, v in BASE["networks"].items() if k != "decoy"}
+    with pytest.raises(ClusterError, match="decoy needs networks.decoy"):
+        parse(networks=networks, vms=[{"name": "vm0", "decoy": "ens5"}])
+
+
+def test_inventory_uses_external_addresses_and_ranks(tmp_path):
+    definition = parse(name="inv", inventory=str(tmp_path / "inv.yml"))
+    nodes = [{"name": vm.name, "index": vm.index, "nic": vm.nic,
+              "vpc_address": definition.networks["vpc"].address(vm.index), "vpc_prefix": 24,
+              "external_address": definition.networks["external"].address(vm.index)}
+             for vm in definition.vms]
+    state = {"user": "gce", "ssh_key": "/k/id", "known_hosts": "/k/known_hosts", "nodes": nodes}
+    path = cluster.write_inventory(definition, state)
+    text = path.read_text()
+    assert "#   vm1: 198.18.0.11/24 on eth0" in text
+    group = yaml.safe_load(text)["all"]["children"]["llamafactory"]
+    assert group["hosts"]["vm1"] == {"ansible_host": "198.19.0.11", "llamafactory_node_rank": 1}
+    assert group["vars"]["llamafactory_platform"] == "local"
+    assert "StrictHostKeyChecking=yes" in group["vars"]["ansible_ssh_common_args"]
+    assert "UserKnownHostsFile=/k/known_hosts" in group["vars"]["ansible_ssh_common_args"]
