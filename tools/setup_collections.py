@@ -24,18 +24,25 @@ ROOT = Path(__file__).resolve().parents[1]
 
 
 def version_ok(version: str, spec: str) -> bool:
-    ops = {">=": lambda a, b: a >= b, "<": lambda a, b: a < b, "<=": lambda a, b: a <= b,
-           ">": lambda a, b: a > b, "==": lambda a, b: a == b, "!=": lambda a, b: a != b}
+    ops = {
+        ">=": lambda a, b: a >= b,
+        "<": lambda a, b: a < b,
+        "<=": lambda a, b: a <= b,
+        ">": lambda a, b: a > b,
+        "==": lambda a, b: a == b,
+        "!=": lambda a, b: a != b,
+    }
     for part in (p.strip() for p in spec.split(",") if p.strip() and p.strip() != "*"):
         op = next(o for o in (">=", "<=", "==", "!=", ">", "<") if part.startswith(o))
-        if not ops[op](LooseVersion(version), LooseVersion(part[len(op):])):
+        if not ops[op](LooseVersion(version), LooseVersion(part[len(op) :])):
             return False
     return True
 
 
 def main(dest: Path) -> int:
     wheel_req = tomllib.loads((ROOT / "pyproject.toml").read_text())["tool"]["hostnet"][
-        "collections"]["wheel"]
+        "collections"
+    ]["wheel"]
     wanted = yaml.safe_load((ROOT / "requirements.yml").read_text())["collections"]
     stamp_text = hashlib.sha256(f"{wheel_req}{wanted}".encode()).hexdigest()
     stamp = dest / ".stamp"
@@ -45,8 +52,20 @@ def main(dest: Path) -> int:
         found = sorted(wheels.glob(f"{wheel_req.split('==')[0]}-{wheel_req.split('==')[1]}-*.whl"))
         if not found:
             print(f"setup: downloading {wheel_req} (about 55 MB) for its collections", flush=True)
-            subprocess.run([sys.executable, "-m", "pip", "download", "--no-deps", "-q", "-d",
-                            str(wheels), wheel_req], check=True)
+            subprocess.run(
+                [
+                    sys.executable,
+                    "-m",
+                    "pip",
+                    "download",
+                    "--no-deps",
+                    "-q",
+                    "-d",
+                    str(wheels),
+                    wheel_req,
+                ],
+                check=True,
+            )
             found = sorted(wheels.glob(f"{wheel_req.split('==')[0]}-*.whl"))
         shutil.rmtree(dest / "ansible_collections", ignore_errors=True)
         with zipfile.ZipFile(found[-1]) as wheel:
@@ -61,8 +80,11 @@ def main(dest: Path) -> int:
                 manifest = json.loads((dest / prefix / "MANIFEST.json").read_text())
                 version = manifest["collection_info"]["version"]
                 if not version_ok(version, item.get("version", "*")):
-                    print(f"setup: {item['name']} {version} from {wheel_req} does not satisfy "
-                          f"{item['version']} (requirements.yml)", file=sys.stderr)
+                    print(
+                        f"setup: {item['name']} {version} from {wheel_req} does not satisfy "
+                        f"{item['version']} (requirements.yml)",
+                        file=sys.stderr,
+                    )
                     return 1
                 print(f"setup: collection {item['name']} {version}", flush=True)
         stamp.write_text(stamp_text)

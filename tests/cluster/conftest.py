@@ -38,20 +38,35 @@ class VM:
         self.name = node["name"]
 
     def sh(self, script: str, check: bool = True, timeout: float = 120):
-        result = subprocess.run(["docker", "exec", self.node["container"], "sh", "-c", script],
-                                capture_output=True, text=True, timeout=timeout, check=False)
+        result = subprocess.run(
+            ["docker", "exec", self.node["container"], "sh", "-c", script],
+            capture_output=True,
+            text=True,
+            timeout=timeout,
+            check=False,
+        )
         if check and result.returncode != 0:
-            raise AssertionError(f"{self.name}: {script!r} failed ({result.returncode}): "
-                                 f"{result.stdout}{result.stderr}")
+            raise AssertionError(
+                f"{self.name}: {script!r} failed ({result.returncode}): "
+                f"{result.stdout}{result.stderr}"
+            )
         return result
 
     def addresses(self) -> dict[str, dict]:
         """interface name -> {'ipv4': [(address, prefix)], 'mtu': n, 'up': bool}"""
         links = json.loads(self.sh("ip -j addr show").stdout)
-        return {link["ifname"]: {
-            "ipv4": [(a["local"], a["prefixlen"]) for a in link.get("addr_info", [])
-                     if a["family"] == "inet"],
-            "mtu": link["mtu"], "up": "UP" in link["flags"]} for link in links}
+        return {
+            link["ifname"]: {
+                "ipv4": [
+                    (a["local"], a["prefixlen"])
+                    for a in link.get("addr_info", [])
+                    if a["family"] == "inet"
+                ],
+                "mtu": link["mtu"],
+                "up": "UP" in link["flags"],
+            }
+            for link in links
+        }
 
     def default_route(self) -> dict:
         return json.loads(self.sh("ip -j route show default").stdout)[0]
@@ -65,9 +80,14 @@ def vms(test_cluster):
 def ansible_facts(inventory: str, tmp_path: Path) -> dict[str, dict]:
     """Network facts of every llamafactory host, gathered over SSH by ansible-runner."""
     result = ansible_runner.run(
-        private_data_dir=str(tmp_path), inventory=inventory, host_pattern="llamafactory",
-        module="ansible.builtin.setup", module_args="gather_subset=!all,!min,network,distribution",
-        quiet=True, timeout=300)
+        private_data_dir=str(tmp_path),
+        inventory=inventory,
+        host_pattern="llamafactory",
+        module="ansible.builtin.setup",
+        module_args="gather_subset=!all,!min,network,distribution",
+        quiet=True,
+        timeout=300,
+    )
     facts = {}
     for event in result.events:
         if event.get("event") == "runner_on_ok":

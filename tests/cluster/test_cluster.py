@@ -4,6 +4,7 @@ training NIC with a GCP-like name on a VPC, its own dockerd, host networking tha
 import json
 import socket
 import time
+from pathlib import Path
 
 import pytest
 from conftest import ansible_facts
@@ -13,7 +14,7 @@ RENDEZVOUS_PORT = 29500
 
 
 def test_ansible_reaches_every_vm_over_the_external_path(test_cluster, tmp_path):
-    definition, state = test_cluster
+    state = test_cluster[1]
     facts = ansible_facts(state["inventory"], tmp_path)
     assert sorted(facts) == ["vm0", "vm1"]
     for node in state["nodes"]:
@@ -26,7 +27,7 @@ def test_ansible_reaches_every_vm_over_the_external_path(test_cluster, tmp_path)
         assert host["ansible_distribution"] == "Debian"
         assert host["ansible_distribution_major_version"] == "12"
         assert "ext0" in host["ansible_interfaces"]
-    text = open(state["inventory"]).read()
+    text = Path(state["inventory"]).read_text()
     assert "llamafactory_platform: local" in text
     for node in state["nodes"]:
         assert f"ansible_host: {node['external_address']}" in text
@@ -34,7 +35,7 @@ def test_ansible_reaches_every_vm_over_the_external_path(test_cluster, tmp_path)
 
 
 def test_nic_names_addresses_and_routes_are_as_defined(test_cluster, vms):
-    definition, _ = test_cluster
+    definition = test_cluster[0]
     vpc = definition.networks["vpc"]
     for vm in vms:
         links = vm.addresses()
@@ -61,26 +62,33 @@ def test_host_keys_are_unique_and_systemd_is_healthy(vms):
 
 def test_each_vm_dockerd_runs_a_host_networked_container_that_sees_the_nic(vms):
     for vm in vms:
-        seen = vm.sh("docker run --rm --net=host hostnet-llamafactory/probe:busybox "
-                     "ip -o -4 addr show dev ens4").stdout
+        seen = vm.sh(
+            "docker run --rm --net=host hostnet-llamafactory/probe:busybox "
+            "ip -o -4 addr show dev ens4"
+        ).stdout
         assert f"inet {vm.node['vpc_address']}/" in seen
         # The trap this project exists for: on the default bridge the container sees only
         # Docker's 172.17.0.0/16, an address no other VM can reach.
-        bridged = vm.sh("docker run --rm hostnet-llamafactory/probe:busybox "
-                        "ip -o -4 addr show").stdout
+        bridged = vm.sh(
+            "docker run --rm hostnet-llamafactory/probe:busybox ip -o -4 addr show"
+        ).stdout
         assert "ens4" not in bridged and " 172.17." in bridged
 
 
 def _connects(vm, address: str, port: int) -> bool:
-    probe = (f"python3 -c \"import socket; socket.create_connection(('{address}', {port}), "
-             "timeout=3).close()\"")
+    probe = (
+        f"python3 -c \"import socket; socket.create_connection(('{address}', {port}), "
+        'timeout=3).close()"'
+    )
     return vm.sh(probe, check=False).returncode == 0
 
 
 def test_vms_reach_each_other_over_the_vpc_but_not_their_external_addresses(vms):
     master, worker = vms[0], vms[1]
-    master.sh("docker run -d --rm --net=host --name rendezvous hostnet-llamafactory/probe:busybox "
-              f"nc -ll -p {RENDEZVOUS_PORT} -e true")
+    master.sh(
+        "docker run -d --rm --net=host --name rendezvous hostnet-llamafactory/probe:busybox "
+        f"nc -ll -p {RENDEZVOUS_PORT} -e true"
+    )
     try:
         deadline = time.monotonic() + 30
         while not _connects(master, "127.0.0.1", RENDEZVOUS_PORT):

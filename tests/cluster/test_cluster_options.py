@@ -9,8 +9,11 @@ from localcluster.images import ArchiveUnreachable
 
 
 def test_second_nic_and_decoy_default_route_then_teardown_leaves_nothing(tmp_path):
-    definition = spec.load(name="opts", shift=2, vms=[
-        {"name": "vm0", "nic": "enp0s12", "second_nic": "ens5", "decoy": "ens6"}])
+    definition = spec.load(
+        name="opts",
+        shift=2,
+        vms=[{"name": "vm0", "nic": "enp0s12", "second_nic": "ens5", "decoy": "ens6"}],
+    )
     state = cluster.up(definition)
     try:
         vm = VM(state["nodes"][0])
@@ -42,14 +45,17 @@ def test_ubuntu_2204_vm():
         images.ensure_vm_image(docker.from_env(), platform, cluster.cache_dir())
     except ArchiveUnreachable as exc:
         pytest.skip(f"Ubuntu 22.04 not tested: {exc} (not a promised source on this machine)")
-    definition = spec.load(name="ubuntu", shift=3, vms=[
-        {"name": "vm0", "nic": "eth0", "platform": "ubuntu2204"}])
+    definition = spec.load(
+        name="ubuntu", shift=3, vms=[{"name": "vm0", "nic": "eth0", "platform": "ubuntu2204"}]
+    )
     state = cluster.up(definition)
     try:
         vm = VM(state["nodes"][0])
         assert 'VERSION_ID="22.04"' in vm.sh("cat /etc/os-release").stdout
-        seen = vm.sh("docker run --rm --net=host hostnet-llamafactory/probe:busybox "
-                     "ip -o -4 addr show dev eth0").stdout
+        seen = vm.sh(
+            "docker run --rm --net=host hostnet-llamafactory/probe:busybox "
+            "ip -o -4 addr show dev eth0"
+        ).stdout
         assert f"inet {state['nodes'][0]['vpc_address']}/" in seen
     finally:
         cluster.down(definition)

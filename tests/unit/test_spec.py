@@ -7,11 +7,15 @@ import yaml
 from localcluster import cluster, spec
 from localcluster.util import ClusterError
 
-BASE = {"networks": {"vpc": {"subnet": "198.18.0.0/24", "mtu": 1460},
-                     "external": {"subnet": "198.19.0.0/24"},
-                     "secondary": {"subnet": "198.18.1.0/24"},
-                     "decoy": {"subnet": "198.18.2.0/24"}},
-        "vms": [{"name": "vm0"}, {"name": "vm1", "nic": "eth0"}]}
+BASE = {
+    "networks": {
+        "vpc": {"subnet": "198.18.0.0/24", "mtu": 1460},
+        "external": {"subnet": "198.19.0.0/24"},
+        "secondary": {"subnet": "198.18.1.0/24"},
+        "decoy": {"subnet": "198.18.2.0/24"},
+    },
+    "vms": [{"name": "vm0"}, {"name": "vm1", "nic": "eth0"}],
+}
 
 
 def parse(**changes):
@@ -42,33 +46,43 @@ def test_addresses_and_names():
 def test_nodes_override_keeps_the_first_vms_settings():
     definition = parse(nodes=3, vms=[{"name": "a", "nic": "enp0s12"}])
     assert [(vm.name, vm.nic) for vm in definition.vms] == [
-        ("vm0", "enp0s12"), ("vm1", "enp0s12"), ("vm2", "enp0s12")]
+        ("vm0", "enp0s12"),
+        ("vm1", "enp0s12"),
+        ("vm2", "enp0s12"),
+    ]
 
 
 def test_shift_moves_every_subnet_and_stays_in_range():
     definition = parse(shift=1)
     assert str(definition.networks["vpc"].subnet) == "198.18.32.0/24"
     assert str(definition.networks["external"].subnet) == "198.19.32.0/24"
-    with pytest.raises(ClusterError, match="outside 198.18.0.0/15"):
+    with pytest.raises(ClusterError, match=r"outside 198\.18\.0\.0/15"):
         parse(shift=8)
 
 
-@pytest.mark.parametrize(("changes", "message"), [
-    ({"networks": {**BASE["networks"], "vpc": {"subnet": "10.0.0.0/24"}}},
-     r"networks.vpc.subnet 10.0.0.0/24 is outside 198.18.0.0/15"),
-    ({"networks": {**BASE["networks"], "vpc": {"subnet": "198.19.0.0/25"}}}, "overlap"),
-    ({"networks": {"vpc": BASE["networks"]["vpc"]}}, "networks.external is required"),
-    ({"networks": {**BASE["networks"], "vpc": {"subnet": "198.18.0.0/24", "mtu": 100}}},
-     "mtu 100 must be within"),
-    ({"vms": [{"name": "vm0", "nic": "Bad-Name"}]}, r"NIC name 'Bad-Name' must match"),
-    ({"vms": [{"name": "vm0", "nic": "ens4", "decoy": "ens4"}]}, "NIC names must differ"),
-    ({"vms": [{"name": "vm0", "colour": "red"}]}, r"unknown keys \['colour'\]"),
-    ({"vms": [{"name": "vm0", "platform": "centos7"}]}, "platform 'centos7' is not one of"),
-    ({"vms": ["vm0", "vm0"]}, "names must be unique"),
-    ({"vms": []}, "define at least one VM"),
-    ({"user": "root"}, "plain non-root login"),
-    ({"name": "Demo!"}, "name 'Demo!' must match"),
-])
+@pytest.mark.parametrize(
+    ("changes", "message"),
+    [
+        (
+            {"networks": {**BASE["networks"], "vpc": {"subnet": "10.0.0.0/24"}}},
+            r"networks.vpc.subnet 10.0.0.0/24 is outside 198.18.0.0/15",
+        ),
+        ({"networks": {**BASE["networks"], "vpc": {"subnet": "198.19.0.0/25"}}}, "overlap"),
+        ({"networks": {"vpc": BASE["networks"]["vpc"]}}, "networks.external is required"),
+        (
+            {"networks": {**BASE["networks"], "vpc": {"subnet": "198.18.0.0/24", "mtu": 100}}},
+            "mtu 100 must be within",
+        ),
+        ({"vms": [{"name": "vm0", "nic": "Bad-Name"}]}, r"NIC name 'Bad-Name' must match"),
+        ({"vms": [{"name": "vm0", "nic": "ens4", "decoy": "ens4"}]}, "NIC names must differ"),
+        ({"vms": [{"name": "vm0", "colour": "red"}]}, r"unknown keys \['colour'\]"),
+        ({"vms": [{"name": "vm0", "platform": "centos7"}]}, "platform 'centos7' is not one of"),
+        ({"vms": ["vm0", "vm0"]}, "names must be unique"),
+        ({"vms": []}, "define at least one VM"),
+        ({"user": "root"}, "plain non-root login"),
+        ({"name": "Demo!"}, "name 'Demo!' must match"),
+    ],
+)
 def test_bad_definitions_are_refused_with_the_fix(changes, message):
     with pytest.raises(ClusterError, match=message):
         parse(**changes)
@@ -76,16 +90,23 @@ def test_bad_definitions_are_refused_with_the_fix(changes, message):
 
 def test_decoy_needs_its_network():
     networks = {k: v for k, v in BASE["networks"].items() if k != "decoy"}
-    with pytest.raises(ClusterError, match="decoy needs networks.decoy"):
+    with pytest.raises(ClusterError, match=r"decoy needs networks\.decoy"):
         parse(networks=networks, vms=[{"name": "vm0", "decoy": "ens5"}])
 
 
 def test_inventory_uses_external_addresses_and_ranks(tmp_path):
     definition = parse(name="inv", inventory=str(tmp_path / "inv.yml"))
-    nodes = [{"name": vm.name, "index": vm.index, "nic": vm.nic,
-              "vpc_address": definition.networks["vpc"].address(vm.index), "vpc_prefix": 24,
-              "external_address": definition.networks["external"].address(vm.index)}
-             for vm in definition.vms]
+    nodes = [
+        {
+            "name": vm.name,
+            "index": vm.index,
+            "nic": vm.nic,
+            "vpc_address": definition.networks["vpc"].address(vm.index),
+            "vpc_prefix": 24,
+            "external_address": definition.networks["external"].address(vm.index),
+        }
+        for vm in definition.vms
+    ]
     state = {"user": "gce", "ssh_key": "/k/id", "known_hosts": "/k/known_hosts", "nodes": nodes}
     path = cluster.write_inventory(definition, state)
     text = path.read_text()

@@ -14,16 +14,25 @@ from .util import ClusterError
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="localcluster", description=__doc__)
     parser.add_argument("command", choices=["up", "down", "status", "images", "rmi"])
-    parser.add_argument("--config", type=Path, help="cluster definition (default: %(default)s)",
-                        default=spec.DEFAULT_DEFINITION)
+    parser.add_argument(
+        "--config",
+        type=Path,
+        help="cluster definition (default: %(default)s)",
+        default=spec.DEFAULT_DEFINITION,
+    )
     parser.add_argument("--name", help="override the definition's cluster name")
     parser.add_argument("--nodes", type=int, help="override the number of VMs")
     parser.add_argument("--inventory", help="where to write the inventory")
     parser.add_argument("--shift", type=int, help="move every subnet by SHIFT x 32 /24s")
     args = parser.parse_args(argv)
     try:
-        definition = spec.load(args.config, name=args.name, nodes=args.nodes,
-                               inventory=args.inventory, shift=args.shift)
+        definition = spec.load(
+            args.config,
+            name=args.name,
+            nodes=args.nodes,
+            inventory=args.inventory,
+            shift=args.shift,
+        )
         if args.command == "up":
             state = cluster.up(definition)
             print(f"inventory: {state['inventory']}")

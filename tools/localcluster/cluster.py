@@ -53,8 +53,10 @@ def client() -> docker.DockerClient:
         docker_client = docker.from_env(timeout=300)
         docker_client.ping()
     except docker.errors.DockerException as exc:
-        raise ClusterError(f"Docker does not answer ({exc}): start dockerd, or run .ci/run once "
-                           "to install and start it") from exc
+        raise ClusterError(
+            f"Docker does not answer ({exc}): start dockerd, or run .ci/run once "
+            "to install and start it"
+        ) from exc
     return docker_client
 
 
@@ -80,7 +82,9 @@ def up(spec: ClusterSpec) -> dict:
     started = time.monotonic()
     docker_client = client()
     wanted = spec_hash(spec)
-    existing = docker_client.containers.list(all=True, filters={"label": f"{CLUSTER_LABEL}={spec.name}"})
+    existing = docker_client.containers.list(
+        all=True, filters={"label": f"{CLUSTER_LABEL}={spec.name}"}
+    )
     if existing:
         same = all(c.labels.get(SPEC_LABEL) == wanted and c.status == "running" for c in existing)
         if same and len(existing) == len(spec.vms) and (state_dir(spec) / "state.json").exists():
@@ -100,7 +104,20 @@ def up(spec: ClusterSpec) -> dict:
     directory.mkdir(parents=True, exist_ok=True)
     key = directory / "id_ed25519"
     if not key.exists():
-        run(["ssh-keygen", "-q", "-t", "ed25519", "-N", "", "-C", f"hlf-{spec.name}", "-f", str(key)])
+        run(
+            [
+                "ssh-keygen",
+                "-q",
+                "-t",
+                "ed25519",
+                "-N",
+                "",
+                "-C",
+                f"hlf-{spec.name}",
+                "-f",
+                str(key),
+            ]
+        )
     public_key = key.with_suffix(".pub").read_text().strip()
 
     try:
@@ -110,33 +127,55 @@ def up(spec: ClusterSpec) -> dict:
             container.start()
         log(f"cluster {spec.name}: {len(containers)} VMs started, configuring")
         with ThreadPoolExecutor(max_workers=min(8, len(containers))) as pool:
-            nodes = list(pool.map(lambda pair: _configure_vm(spec, *pair, public_key, probe),
-                                  zip(spec.vms, containers)))
+            nodes = list(
+                pool.map(
+                    lambda pair: _configure_vm(spec, *pair, public_key, probe),
+                    zip(spec.vms, containers, strict=True),
+                )
+            )
     except BaseException:
         log(f"cluster {spec.name}: bring-up failed, tearing down what was created")
         down(spec, quiet=True)
         raise
 
-    state = {"name": spec.name, "user": spec.user, "ssh_key": str(key),
-             "known_hosts": str(directory / "known_hosts"), "inventory": str(spec.inventory),
-             "nodes": nodes}
+    state = {
+        "name": spec.name,
+        "user": spec.user,
+        "ssh_key": str(key),
+        "known_hosts": str(directory / "known_hosts"),
+        "inventory": str(spec.inventory),
+        "nodes": nodes,
+    }
     (directory / "known_hosts").write_text(
-        "".join(f"{n['external_address']} {n['host_key']}\n" for n in nodes))
+        "".join(f"{n['external_address']} {n['host_key']}\n" for n in nodes)
+    )
     _check_ssh(state)
     (directory / "state.json").write_text(json.dumps(state, indent=2) + "\n")
     write_inventory(spec, state)
-    log(f"cluster {spec.name}: up in {time.monotonic() - started:.1f} s; inventory {spec.inventory}")
+    log(
+        f"cluster {spec.name}: up in {time.monotonic() - started:.1f} s; inventory {spec.inventory}"
+    )
     return state
 
 
 def _create_networks(docker_client, spec: ClusterSpec) -> None:
+    used = {role for vm in spec.vms for role, _nic in _vm_networks(spec, vm)}
     for role, network in spec.networks.items():
+        if role not in used:
+            continue
         # internal: the host reaches the VMs, nothing is routed beyond them.
         docker_client.networks.create(
-            spec.network_name(role), driver="bridge", internal=True, labels=_labels(spec),
+            spec.network_name(role),
+            driver="bridge",
+            internal=True,
+            labels=_labels(spec),
             options={"com.docker.network.driver.mtu": str(network.mtu)},
-            ipam=docker.types.IPAMConfig(pool_configs=[docker.types.IPAMPool(
-                subnet=str(network.subnet), gateway=network.gateway)]))
+            ipam=docker.types.IPAMConfig(
+                pool_configs=[
+                    docker.types.IPAMPool(subnet=str(network.subnet), gateway=network.gateway)
+                ]
+            ),
+        )
 
 
 def _create_vm(docker_client, spec: ClusterSpec, vm: VM, wanted: str):
@@ -144,35 +183,54 @@ def _create_vm(docker_client, spec: ClusterSpec, vm: VM, wanted: str):
     docker_client.volumes.create(spec.volume(vm), labels=_labels(spec))
     api = docker_client.api
     endpoints = {}
-    for role, _ in _vm_networks(spec, vm):
+    for role, _nic in _vm_networks(spec, vm):
         aliases = [vm.name] if role == "vpc" else None
         endpoints[spec.network_name(role)] = api.create_endpoint_config(
-            ipv4_address=spec.networks[role].address(vm.index), aliases=aliases)
+            ipv4_address=spec.networks[role].address(vm.index), aliases=aliases
+        )
     first = spec.network_name("vpc")
     container = docker_client.containers.create(
-        images.PLATFORMS[vm.platform].image, name=name, hostname=vm.name, detach=True,
-        command=["/lib/systemd/systemd"], environment={"container": "docker"},
+        images.PLATFORMS[vm.platform].image,
+        name=name,
+        hostname=vm.name,
+        detach=True,
+        command=["/lib/systemd/systemd"],
+        environment={"container": "docker"},
         labels=_labels(spec, **{SPEC_LABEL: wanted, "hostnet.llamafactory.vm": vm.name}),
-        cap_add=["ALL"], cap_drop=CAP_DROP,
+        cap_add=["ALL"],
+        cap_drop=CAP_DROP,
         security_opt=["seccomp=unconfined", "apparmor=unconfined"],
         device_cgroup_rules=["a *:* rwm"],
-        tmpfs={"/run": "rw,exec", "/run/lock": "rw", "/tmp": "rw,exec"},
-        volumes={"/sys/fs/cgroup": {"bind": "/sys/fs/cgroup", "mode": "rw"},
-                 "/lib/modules": {"bind": "/lib/modules", "mode": "ro"},
-                 spec.volume(vm): {"bind": "/var/lib/docker", "mode": "rw"}},
+        tmpfs={"/run": "rw,exec", "/run/lock": "rw", "/tmp": "rw,exec"},  # noqa: S108 (in the VM)
+        volumes={
+            "/sys/fs/cgroup": {"bind": "/sys/fs/cgroup", "mode": "rw"},
+            "/lib/modules": {"bind": "/lib/modules", "mode": "ro"},
+            spec.volume(vm): {"bind": "/var/lib/docker", "mode": "rw"},
+        },
         stop_signal="SIGRTMIN+3",
         network=first,
         networking_config={first: endpoints.pop(first)},
     )
     for network_name, endpoint in endpoints.items():
-        api.connect_container_to_network(container.id, network_name,
-                                         ipv4_address=endpoint["IPAMConfig"]["IPv4Address"])
+        api.connect_container_to_network(
+            container.id, network_name, ipv4_address=endpoint["IPAMConfig"]["IPv4Address"]
+        )
     return container
 
 
 def _exec(container, script: str, env: dict | None = None, deadline_s: float = 120) -> str:
-    result = run(["docker", "exec", *[f"-e{k}={v}" for k, v in (env or {}).items()],
-                  container.name, "sh", "-ec", script], timeout=deadline_s)
+    result = run(
+        [
+            "docker",
+            "exec",
+            *[f"-e{k}={v}" for k, v in (env or {}).items()],
+            container.name,
+            "sh",
+            "-ec",
+            script,
+        ],
+        timeout=deadline_s,
+    )
     return result.stdout
 
 
@@ -182,19 +240,25 @@ def _rename_script(container, spec: ClusterSpec, vm: VM) -> str:
     attached = container.attrs["NetworkSettings"]["Networks"]
     lines = []
     pairs = _vm_networks(spec, vm)
-    for n, (role, _) in enumerate(pairs):
+    for n, (role, _nic) in enumerate(pairs):
         mac = attached[spec.network_name(role)]["MacAddress"]
-        lines.append(f'i=$(grep -l "^{mac}$" /sys/class/net/*/address | cut -d/ -f5); '
-                     f'ip link set "$i" down; ip link set "$i" name hlftmp{n}')
-    for n, (_, nic) in enumerate(pairs):
+        lines.append(
+            f'i=$(grep -l "^{mac}$" /sys/class/net/*/address | cut -d/ -f5); '
+            f'ip link set "$i" down; ip link set "$i" name hlftmp{n}'
+        )
+    for n, (_role, nic) in enumerate(pairs):
         lines.append(f"ip link set hlftmp{n} name {nic}; ip link set {nic} up")
     default = ("decoy", vm.decoy) if vm.decoy else ("vpc", vm.nic)
-    lines.append(f"ip route replace default via {spec.networks[default[0]].gateway} dev {default[1]}")
+    lines.append(
+        f"ip route replace default via {spec.networks[default[0]].gateway} dev {default[1]}"
+    )
     # The external path accepts SSH and ICMP only (GCP's default rules for public IPs).
-    lines += [f"iptables -A INPUT -i {EXTERNAL_NIC} -m conntrack --ctstate ESTABLISHED,RELATED -j ACCEPT",
-              f"iptables -A INPUT -i {EXTERNAL_NIC} -p tcp --dport 22 -j ACCEPT",
-              f"iptables -A INPUT -i {EXTERNAL_NIC} -p icmp -j ACCEPT",
-              f"iptables -A INPUT -i {EXTERNAL_NIC} -j DROP"]
+    lines += [
+        f"iptables -A INPUT -i {EXTERNAL_NIC} -m conntrack --ctstate ESTABLISHED,RELATED -j ACCEPT",
+        f"iptables -A INPUT -i {EXTERNAL_NIC} -p tcp --dport 22 -j ACCEPT",
+        f"iptables -A INPUT -i {EXTERNAL_NIC} -p icmp -j ACCEPT",
+        f"iptables -A INPUT -i {EXTERNAL_NIC} -j DROP",
+    ]
     return "\n".join(lines)
 
 
@@ -214,39 +278,66 @@ def _configure_vm(spec: ClusterSpec, vm: VM, container, public_key: str, probe: 
     _exec(container, _rename_script(container, spec, vm))
     _exec(container, USER_SCRIPT, env={"VM_USER": spec.user, "VM_KEY": public_key})
     # Like GCP's internal DNS: every VM's name resolves to its VPC address, on every VM.
-    hosts = "".join(f"{spec.networks['vpc'].address(peer.index)}\t{peer.name}\n"
-                    for peer in spec.vms)
-    _exec(container, 'grep -v "\\s$VM_NAME$" /etc/hosts > /tmp/hosts; printf "$HOSTS" >> /tmp/hosts; '
-          "cat /tmp/hosts > /etc/hosts; rm /tmp/hosts", env={"VM_NAME": vm.name, "HOSTS": hosts})
-    wait_until(f"{vm.name}: systemd, sshd and dockerd",
-               lambda: run(["docker", "exec", container.name, "systemctl", "is-active", "ssh",
-                            "docker"], check=False).returncode == 0,
-               deadline_s=BOOT_DEADLINE_S)
-    wait_until(f"{vm.name}: dockerd",
-               lambda: run(["docker", "exec", container.name, "docker", "info"],
-                           check=False).returncode == 0, deadline_s=BOOT_DEADLINE_S)
+    hosts = "".join(
+        f"{spec.networks['vpc'].address(peer.index)}\t{peer.name}\n" for peer in spec.vms
+    )
+    _exec(
+        container,
+        'kept=$(grep -v "\\s$VM_NAME$" /etc/hosts); printf "%s\\n%s" "$kept" "$HOSTS" > /etc/hosts',
+        env={"VM_NAME": vm.name, "HOSTS": hosts},
+    )
+    wait_until(
+        f"{vm.name}: systemd, sshd and dockerd",
+        lambda: (
+            run(
+                ["docker", "exec", container.name, "systemctl", "is-active", "ssh", "docker"],
+                check=False,
+            ).returncode
+            == 0
+        ),
+        deadline_s=BOOT_DEADLINE_S,
+    )
+    wait_until(
+        f"{vm.name}: dockerd",
+        lambda: (
+            run(["docker", "exec", container.name, "docker", "info"], check=False).returncode == 0
+        ),
+        deadline_s=BOOT_DEADLINE_S,
+    )
     with subprocess.Popen(["docker", "save", probe], stdout=subprocess.PIPE) as save:
-        loaded = subprocess.run(["docker", "exec", "-i", container.name, "docker", "load", "-q"],
-                                stdin=save.stdout, capture_output=True, text=True, timeout=300,
-                                check=False)
+        loaded = subprocess.run(
+            ["docker", "exec", "-i", container.name, "docker", "load", "-q"],
+            stdin=save.stdout,
+            capture_output=True,
+            text=True,
+            timeout=300,
+            check=False,
+        )
         save.stdout.close()
     if loaded.returncode != 0:
         raise ClusterError(f"{vm.name}: loading {probe} into its dockerd failed: {loaded.stderr}")
     host_key = wait_until(
         f"{vm.name}: SSH host key",
         lambda: _exec(container, "cat /etc/ssh/ssh_host_ed25519_key.pub").strip(),
-        deadline_s=BOOT_DEADLINE_S)
+        deadline_s=BOOT_DEADLINE_S,
+    )
     host_key = " ".join(host_key.split()[:2])
-    return {"name": vm.name, "container": container.name, "index": vm.index,
-            "platform": vm.platform, "nic": vm.nic, "second_nic": vm.second_nic,
-            "decoy": vm.decoy, "vpc_address": spec.networks["vpc"].address(vm.index),
-            "vpc_prefix": spec.networks["vpc"].subnet.prefixlen,
-            "vpc_mtu": spec.networks["vpc"].mtu,
-            "external_address": spec.networks["external"].address(vm.index),
-            "second_address": (spec.networks["secondary"].address(vm.index)
-                               if vm.second_nic else None),
-            "decoy_address": spec.networks["decoy"].address(vm.index) if vm.decoy else None,
-            "host_key": host_key}
+    return {
+        "name": vm.name,
+        "container": container.name,
+        "index": vm.index,
+        "platform": vm.platform,
+        "nic": vm.nic,
+        "second_nic": vm.second_nic,
+        "decoy": vm.decoy,
+        "vpc_address": spec.networks["vpc"].address(vm.index),
+        "vpc_prefix": spec.networks["vpc"].subnet.prefixlen,
+        "vpc_mtu": spec.networks["vpc"].mtu,
+        "external_address": spec.networks["external"].address(vm.index),
+        "second_address": (spec.networks["secondary"].address(vm.index) if vm.second_nic else None),
+        "decoy_address": spec.networks["decoy"].address(vm.index) if vm.decoy else None,
+        "host_key": host_key,
+    }
 
 
 def _check_ssh(state: dict) -> None:
@@ -259,32 +350,68 @@ def _check_ssh(state: dict) -> None:
                 return sock.recv(64).startswith(b"SSH-")
 
         wait_until(f"{node['name']}: sshd on {address}", banner, deadline_s=BOOT_DEADLINE_S)
-        run(["ssh", "-i", state["ssh_key"], "-o", "BatchMode=yes", "-o", "IdentitiesOnly=yes",
-             "-o", f"UserKnownHostsFile={state['known_hosts']}", "-o", "StrictHostKeyChecking=yes",
-             "-o", "ConnectTimeout=10", f"{state['user']}@{address}", "true"], timeout=60)
+        run(
+            [
+                "ssh",
+                "-i",
+                state["ssh_key"],
+                "-o",
+                "BatchMode=yes",
+                "-o",
+                "IdentitiesOnly=yes",
+                "-o",
+                f"UserKnownHostsFile={state['known_hosts']}",
+                "-o",
+                "StrictHostKeyChecking=yes",
+                "-o",
+                "ConnectTimeout=10",
+                f"{state['user']}@{address}",
+                "true",
+            ],
+            timeout=60,
+        )
 
 
 def write_inventory(spec: ClusterSpec, state: dict) -> Path:
-    ssh_args = (f"-o UserKnownHostsFile={state['known_hosts']} -o StrictHostKeyChecking=yes "
-                "-o IdentitiesOnly=yes")
+    ssh_args = (
+        f"-o UserKnownHostsFile={state['known_hosts']} -o StrictHostKeyChecking=yes "
+        "-o IdentitiesOnly=yes"
+    )
     hosts = {}
     for node in state["nodes"]:
-        hosts[node["name"]] = {"ansible_host": node["external_address"],
-                               "llamafactory_node_rank": node["index"]}
-    inventory = {"all": {"children": {"llamafactory": {
-        "hosts": hosts,
-        "vars": {"ansible_user": state["user"],
-                 "ansible_ssh_private_key_file": state["ssh_key"],
-                 "ansible_ssh_common_args": ssh_args,
-                 "ansible_python_interpreter": "/usr/bin/python3",
-                 "llamafactory_platform": "local"}}}}}
-    header = [f"# Written by `localcluster up` for the local cluster {spec.name!r}; removed by",
-              "# `localcluster down`. ansible_host is each VM's external address (SSH only);",
-              "# the VPC addresses the nodes train over:"]
-    header += [f"#   {n['name']}: {n['vpc_address']}/{n['vpc_prefix']} on {n['nic']}"
-               for n in state["nodes"]]
+        hosts[node["name"]] = {
+            "ansible_host": node["external_address"],
+            "llamafactory_node_rank": node["index"],
+        }
+    inventory = {
+        "all": {
+            "children": {
+                "llamafactory": {
+                    "hosts": hosts,
+                    "vars": {
+                        "ansible_user": state["user"],
+                        "ansible_ssh_private_key_file": state["ssh_key"],
+                        "ansible_ssh_common_args": ssh_args,
+                        "ansible_python_interpreter": "/usr/bin/python3",
+                        "llamafactory_platform": "local",
+                    },
+                }
+            }
+        }
+    }
+    header = [
+        f"# Written by `localcluster up` for the local cluster {spec.name!r}; removed by",
+        "# `localcluster down`. ansible_host is each VM's external address (SSH only);",
+        "# the VPC addresses the nodes train over:",
+    ]
+    header += [
+        f"#   {n['name']}: {n['vpc_address']}/{n['vpc_prefix']} on {n['nic']}"
+        for n in state["nodes"]
+    ]
     spec.inventory.parent.mkdir(parents=True, exist_ok=True)
-    spec.inventory.write_text("\n".join(header) + "\n---\n" + yaml.safe_dump(inventory, sort_keys=False))
+    spec.inventory.write_text(
+        "\n".join(header) + "\n---\n" + yaml.safe_dump(inventory, sort_keys=False)
+    )
     return spec.inventory
 
 
@@ -325,8 +452,14 @@ def status(spec: ClusterSpec) -> list[dict]:
     docker_client = client()
     rows = []
     for container in docker_client.containers.list(
-            all=True, filters={"label": f"{CLUSTER_LABEL}={spec.name}"}):
+        all=True, filters={"label": f"{CLUSTER_LABEL}={spec.name}"}
+    ):
         networks = container.attrs["NetworkSettings"]["Networks"]
-        rows.append({"container": container.name, "status": container.status,
-                     "addresses": {name: net["IPAddress"] for name, net in networks.items()}})
+        rows.append(
+            {
+                "container": container.name,
+                "status": container.status,
+                "addresses": {name: net["IPAddress"] for name, net in networks.items()},
+            }
+        )
     return rows

@@ -28,9 +28,22 @@ PROBE_IMAGE = "hostnet-llamafactory/probe:busybox"
 BUILD_DEADLINE_S = 1200
 
 VM_PACKAGES = (
-    "python3", "python3-apt", "sudo", "systemd", "systemd-sysv", "dbus", "iproute2",
-    "iputils-ping", "openssh-server", "ca-certificates", "procps", "curl", "gnupg",
-    "docker.io", "iptables", "kmod",
+    "python3",
+    "python3-apt",
+    "sudo",
+    "systemd",
+    "systemd-sysv",
+    "dbus",
+    "iproute2",
+    "iputils-ping",
+    "openssh-server",
+    "ca-certificates",
+    "procps",
+    "curl",
+    "gnupg",
+    "docker.io",
+    "iptables",
+    "kmod",
 )
 
 
@@ -55,7 +68,10 @@ class Platform:
 PLATFORMS = {
     "debian12": Platform("debian12", "bookworm", "http://deb.debian.org/debian", "debian:bookworm"),
     "ubuntu2204": Platform(
-        "ubuntu2204", "jammy", "http://archive.ubuntu.com/ubuntu", "ubuntu:22.04",
+        "ubuntu2204",
+        "jammy",
+        "http://archive.ubuntu.com/ubuntu",
+        "ubuntu:22.04",
         components="main,universe",
         keyring_deb=(
             "http://archive.ubuntu.com/ubuntu/pool/main/u/ubuntu-keyring/"
@@ -81,8 +97,14 @@ def inputs_hash(*parts: str | bytes) -> str:
 
 
 def vm_inputs(platform: Platform) -> str:
-    return inputs_hash("vm/1", platform.name, platform.suite, " ".join(VM_PACKAGES),
-                       CUSTOMIZE.read_bytes(), DOCKERFILE.read_bytes())
+    return inputs_hash(
+        "vm/1",
+        platform.name,
+        platform.suite,
+        " ".join(VM_PACKAGES),
+        CUSTOMIZE.read_bytes(),
+        DOCKERFILE.read_bytes(),
+    )
 
 
 def image_inputs(client, name: str) -> str | None:
@@ -123,8 +145,13 @@ def _labels(kind: str, inputs: str) -> list[str]:
 
 def _build_from_registry(platform: Platform, inputs: str) -> bool:
     """docker pull + docker build; False when no registry answers."""
-    pulled = subprocess.run(["docker", "pull", "-q", platform.base_image],
-                            capture_output=True, text=True, timeout=600, check=False)
+    pulled = subprocess.run(
+        ["docker", "pull", "-q", platform.base_image],
+        capture_output=True,
+        text=True,
+        timeout=600,
+        check=False,
+    )
     if pulled.returncode != 0:
         reason = (pulled.stderr.strip().splitlines() or ["no output"])[-1]
         log(f"  no registry for {platform.base_image} ({reason[:120]}); using debootstrap")
@@ -132,12 +159,20 @@ def _build_from_registry(platform: Platform, inputs: str) -> bool:
     with tempfile.TemporaryDirectory() as context:
         shutil.copy(CUSTOMIZE, context)
         shutil.copy(DOCKERFILE, context)
-        command = ["docker", "build", "--pull=false", "-t", platform.image,
-                   "--build-arg", f"BASE={platform.base_image}",
-                   "--build-arg", "PACKAGES=" + " ".join(VM_PACKAGES)]
+        command = [
+            "docker",
+            "build",
+            "--pull=false",
+            "-t",
+            platform.image,
+            "--build-arg",
+            f"BASE={platform.base_image}",
+            "--build-arg",
+            "PACKAGES=" + " ".join(VM_PACKAGES),
+        ]
         for label in _labels("vm", inputs):
             command += ["--label", label]
-        stream(command + [context], prefix="  build: ", deadline_s=BUILD_DEADLINE_S)
+        stream([*command, context], prefix="  build: ", deadline_s=BUILD_DEADLINE_S)
     return True
 
 
@@ -155,20 +190,33 @@ def _keyring_for(platform: Platform, workdir: Path) -> list[str]:
         raise ArchiveUnreachable(f"{platform.name}: cannot fetch {url}: {exc}") from exc
     run(["dpkg-deb", "-x", str(deb), str(workdir / "keyring")])
     keyring = workdir / "keyring" / member
-    listing = run(["gpg", "--batch", "--no-default-keyring", "--keyring", str(keyring),
-                   "--with-colons", "--list-keys"]).stdout
+    listing = run(
+        [
+            "gpg",
+            "--batch",
+            "--no-default-keyring",
+            "--keyring",
+            str(keyring),
+            "--with-colons",
+            "--list-keys",
+        ]
+    ).stdout
     fingerprints = [line.split(":")[9] for line in listing.splitlines() if line.startswith("fpr:")]
     if fingerprint not in fingerprints:
-        raise ClusterError(f"{platform.name}: {url} does not hold the key {fingerprint} "
-                           f"(found {', '.join(fingerprints) or 'none'}); refusing to use it")
+        raise ClusterError(
+            f"{platform.name}: {url} does not hold the key {fingerprint} "
+            f"(found {', '.join(fingerprints) or 'none'}); refusing to use it"
+        )
     return [f"--keyring={keyring}"]
 
 
 def _build_with_debootstrap(platform: Platform, inputs: str, cache_dir: Path) -> None:
     for tool in ("debootstrap", "tar"):
         if not shutil.which(tool):
-            raise ClusterError(f"{tool} is missing: install it (apt-get install {tool}) or use a "
-                               "machine whose Docker reaches a registry")
+            raise ClusterError(
+                f"{tool} is missing: install it (apt-get install {tool}) or use a "
+                "machine whose Docker reaches a registry"
+            )
     release = f"{platform.mirror}/dists/{platform.suite}/Release"
     if not archive_answers(release):
         raise ArchiveUnreachable(f"{platform.name}: the archive does not answer ({release})")
@@ -177,30 +225,51 @@ def _build_with_debootstrap(platform: Platform, inputs: str, cache_dir: Path) ->
     workdir = Path(tempfile.mkdtemp(prefix=f"{platform.name}-", dir=build_root))
     rootfs = workdir / "rootfs"
     try:
-        command = ["debootstrap", "--variant=minbase", f"--components={platform.components}",
-                   "--include=" + ",".join(VM_PACKAGES), *_keyring_for(platform, workdir),
-                   platform.suite, str(rootfs), platform.mirror]
+        command = [
+            "debootstrap",
+            "--variant=minbase",
+            f"--components={platform.components}",
+            "--include=" + ",".join(VM_PACKAGES),
+            *_keyring_for(platform, workdir),
+            platform.suite,
+            str(rootfs),
+            platform.mirror,
+        ]
         stream(command, prefix="  debootstrap: ", deadline_s=BUILD_DEADLINE_S, every=25)
-        shutil.copy(CUSTOMIZE, rootfs / "tmp" / "customize.sh")
-        run(["chroot", str(rootfs), "sh", "/tmp/customize.sh"])
-        (rootfs / "tmp" / "customize.sh").unlink()
-        _import(rootfs, platform.image, "vm", inputs, command='["/lib/systemd/systemd"]',
-                extra=["ENV container=docker"])
+        shutil.copy(CUSTOMIZE, rootfs / "customize.sh")
+        run(["chroot", str(rootfs), "sh", "/customize.sh"])
+        (rootfs / "customize.sh").unlink()
+        _import(
+            rootfs,
+            platform.image,
+            "vm",
+            inputs,
+            command='["/lib/systemd/systemd"]',
+            extra=["ENV container=docker"],
+        )
     finally:
         shutil.rmtree(workdir, ignore_errors=True)
 
 
-def _import(rootfs: Path, name: str, kind: str, inputs: str, command: str,
-            extra: list[str]) -> None:
+def _import(
+    rootfs: Path, name: str, kind: str, inputs: str, command: str, extra: list[str]
+) -> None:
     changes = [f"CMD {command}", *extra, "LABEL " + " ".join(_labels(kind, inputs))]
     args = ["docker", "import"]
     for change in changes:
         args += ["--change", change]
     log(f"  importing {name}")
-    with subprocess.Popen(["tar", "--numeric-owner", "-C", str(rootfs), "-c", "."],
-                          stdout=subprocess.PIPE) as tar:
-        imported = subprocess.run([*args, "-", name], stdin=tar.stdout, capture_output=True,
-                                  text=True, timeout=600, check=False)
+    with subprocess.Popen(
+        ["tar", "--numeric-owner", "-C", str(rootfs), "-c", "."], stdout=subprocess.PIPE
+    ) as tar:
+        imported = subprocess.run(
+            [*args, "-", name],
+            stdin=tar.stdout,
+            capture_output=True,
+            text=True,
+            timeout=600,
+            check=False,
+        )
         tar.stdout.close()
     if tar.returncode != 0 or imported.returncode != 0:
         raise ClusterError(f"docker import of {name} failed: {imported.stderr.strip()}")
@@ -243,6 +312,6 @@ def list_images(client) -> list[tuple[str, str, int]]:
 
 
 def remove_images(client) -> None:
-    for tag, _, _ in list_images(client):
+    for tag, _kind, _size in list_images(client):
         client.images.remove(tag, force=False)
         log(f"removed image {tag}")

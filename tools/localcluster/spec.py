@@ -81,8 +81,10 @@ def _network(role: str, raw: dict) -> Network:
     except (KeyError, ValueError) as exc:
         _fail(f"networks.{role}.subnet: {exc}; give an IPv4 subnet such as 198.18.0.0/24")
     if not (subnet.version == 4 and subnet.subnet_of(ALLOWED_RANGE)):
-        _fail(f"networks.{role}.subnet {subnet} is outside {ALLOWED_RANGE}: simulated networks "
-              "must stay in the range reserved for network tests")
+        _fail(
+            f"networks.{role}.subnet {subnet} is outside {ALLOWED_RANGE}: simulated networks "
+            "must stay in the range reserved for network tests"
+        )
     if subnet.num_addresses < 64:
         _fail(f"networks.{role}.subnet {subnet} is too small: use a /26 or larger")
     mtu = int(raw.get("mtu", 1500))
@@ -93,9 +95,14 @@ def _network(role: str, raw: dict) -> Network:
 
 def _vm(index: int, raw: dict | str, networks: dict[str, Network]) -> VM:
     raw = {"name": raw} if isinstance(raw, str) else dict(raw)
-    vm = VM(name=str(raw.pop("name", f"vm{index}")), index=index, nic=raw.pop("nic", "ens4"),
-            platform=raw.pop("platform", "debian12"), second_nic=raw.pop("second_nic", None),
-            decoy=raw.pop("decoy", None))
+    vm = VM(
+        name=str(raw.pop("name", f"vm{index}")),
+        index=index,
+        nic=raw.pop("nic", "ens4"),
+        platform=raw.pop("platform", "debian12"),
+        second_nic=raw.pop("second_nic", None),
+        decoy=raw.pop("decoy", None),
+    )
     where = f"vms[{index}] ({vm.name})"
     if raw:
         _fail(f"{where}: unknown keys {sorted(raw)}; known: name, nic, platform, second_nic, decoy")
@@ -120,8 +127,7 @@ def _shifted(raw: dict, shift: int) -> dict:
     if not shift or "subnet" not in raw:
         return raw
     subnet = ipaddress.ip_network(raw["subnet"])
-    moved = ipaddress.ip_network((int(subnet.network_address) + shift * 32 * 256,
-                                  subnet.prefixlen))
+    moved = ipaddress.ip_network((int(subnet.network_address) + shift * 32 * 256, subnet.prefixlen))
     return dict(raw, subnet=str(moved))
 
 
@@ -141,8 +147,10 @@ def parse(raw: dict) -> ClusterSpec:
     name = str(raw.get("name", "demo"))
     if not NAME_RE.match(name):
         _fail(f"name {name!r} must match {NAME_RE.pattern}")
-    networks = {role: _network(role, _shifted(value, int(raw.get("shift") or 0)))
-                for role, value in (raw.get("networks") or {}).items()}
+    networks = {
+        role: _network(role, _shifted(value, int(raw.get("shift") or 0)))
+        for role, value in (raw.get("networks") or {}).items()
+    }
     for role in ("vpc", "external"):
         if role not in networks:
             _fail(f"networks.{role} is required")
@@ -151,7 +159,7 @@ def parse(raw: dict) -> ClusterSpec:
         _fail(f"unknown networks {sorted(unknown)}; known: vpc, external, secondary, decoy")
     subnets = [n.subnet for n in networks.values()]
     for i, a in enumerate(subnets):
-        for b in subnets[i + 1:]:
+        for b in subnets[i + 1 :]:
             if a.overlaps(b):
                 _fail(f"subnets {a} and {b} overlap")
     vms_raw = raw.get("vms")

@@ -16,16 +16,20 @@ def log(message: str) -> None:
     print(f"[localcluster {time.strftime('%H:%M:%S')}] {message}", file=sys.stderr, flush=True)
 
 
-def run(command: list[str], check: bool = True, timeout: float = 600,
-        input_text: str | None = None) -> subprocess.CompletedProcess:
+def run(
+    command: list[str], check: bool = True, timeout: float = 600, input_text: str | None = None
+) -> subprocess.CompletedProcess:
     try:
-        result = subprocess.run(command, capture_output=True, text=True, timeout=timeout,
-                                input=input_text, check=False)
+        result = subprocess.run(
+            command, capture_output=True, text=True, timeout=timeout, input=input_text, check=False
+        )
     except subprocess.TimeoutExpired as exc:
         raise ClusterError(f"{command[0]} did not finish within {timeout:.0f} s") from exc
     if check and result.returncode != 0:
-        raise ClusterError(f"{' '.join(command[:4])} ... failed ({result.returncode}): "
-                           f"{(result.stderr or result.stdout).strip()[-2000:]}")
+        raise ClusterError(
+            f"{' '.join(command[:4])} ... failed ({result.returncode}): "
+            f"{(result.stderr or result.stdout).strip()[-2000:]}"
+        )
     return result
 
 
@@ -34,13 +38,14 @@ def stream(command: list[str], prefix: str, deadline_s: float, every: int = 1) -
     on failure; kill it at the deadline."""
     started = time.monotonic()
     tail: list[str] = []
-    with subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-                          text=True, bufsize=1) as proc:
+    with subprocess.Popen(
+        command, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, bufsize=1
+    ) as proc:
         timer = threading.Timer(deadline_s, proc.kill)
         timer.start()
         try:
             for count, line in enumerate(proc.stdout):
-                tail = (tail + [line.rstrip()])[-20:]
+                tail = [*tail, line.rstrip()][-20:]
                 if count % every == 0:
                     log(f"{prefix}[{time.monotonic() - started:4.0f} s] {line.rstrip()[:150]}")
             proc.wait()
