@@ -95,3 +95,70 @@ def ansible_facts(inventory: str, tmp_path: Path) -> dict[str, dict]:
             facts[data["host"]] = data["res"]["ansible_facts"]
     assert result.rc == 0, f"ansible setup failed: {result.stats}"
     return facts
+
+
+def _results(runner) -> dict[str, list[dict]]:
+    """host -> task results in order ({'task', 'ok', 'res'}), from ansible-runner's events."""
+    results: dict[str, list[dict]] = {}
+    for event in runner.events:
+        kind = event.get("event")
+        if kind in ("runner_on_ok", "runner_on_failed", "runner_on_unreachable"):
+            data = event["event_data"]
+            results.setdefault(data["host"], []).append(
+                {"task": data.get("task"), "ok": kind == "runner_on_ok", "res": data["res"]}
+            )
+    return results
+
+
+def run_module(
+    inventory: str,
+    tmp_path: Path,
+    module: str,
+    args: str,
+    hosts: str = "llamafactory",
+    check: bool = False,
+) -> dict[str, dict]:
+    """host -> the module's result (failed ones included, with 'failed': True)."""
+    tmp_path.mkdir(parents=True, exist_ok=True)
+    runner = ansible_runner.run(
+        private_data_dir=str(tmp_path),
+        inventory=inventory,
+        host_pattern=hosts,
+        module=module,
+        module_args=args,
+        quiet=True,
+        timeout=300,
+        cmdline="--check" if check else None,
+    )
+    return {
+        host: {**items[-1]["res"], "failed": not items[-1]["ok"]}
+        for host, items in _results(runner).items()
+    }
+
+
+def run_playbook(
+    inventory: str,
+    tmp_path: Path,
+    playbook: str,
+    extravars: dict | None = None,
+    check: bool = False,
+):
+    """(runner, host -> the facts set along the way, merged in order, host -> results)."""
+    tmp_path.mkdir(parents=True, exist_ok=True)
+    runner = ansible_runner.run(
+        private_data_dir=str(tmp_path),
+        inventory=inventory,
+        playbook=str(ROOT / playbook),
+        extravars=extravars or {},
+        quiet=True,
+        timeout=600,
+        cmdline="--check" if check else None,
+    )
+    results = _results(runner)
+    facts = {}
+    for host, items in results.items():
+        merged: dict = {}
+        for item in items:
+            merged.update(item["res"].get("ansible_facts") or {})
+        facts[host] = merged
+    return runner, facts, results

@@ -21,12 +21,13 @@ def test_ansible_reaches_every_vm_over_the_external_path(test_cluster, tmp_path)
         host = facts[node["name"]]
         # Connected through the external address, while the node's own view is the VPC one.
         assert node["external_address"] != node["vpc_address"]
-        assert host["ansible_default_ipv4"]["interface"] == "ens4"
+        assert host["ansible_default_ipv4"]["interface"] == node["nic"]
         assert host["ansible_default_ipv4"]["address"] == node["vpc_address"]
         assert host["ansible_default_ipv4"]["mtu"] == 1460
         assert host["ansible_distribution"] == "Debian"
         assert host["ansible_distribution_major_version"] == "12"
         assert "ext0" in host["ansible_interfaces"]
+    assert [node["nic"] for node in state["nodes"]] == ["ens4", "eth0"]
     text = Path(state["inventory"]).read_text()
     assert "llamafactory_platform: local" in text
     for node in state["nodes"]:
@@ -38,14 +39,14 @@ def test_nic_names_addresses_and_routes_are_as_defined(test_cluster, vms):
     definition = test_cluster[0]
     vpc = definition.networks["vpc"]
     for vm in vms:
+        nic = vm.node["nic"]
         links = vm.addresses()
-        assert set(links) >= {"lo", "ens4", "ext0", "docker0"}
-        assert not [name for name in links if name.startswith(("eth", "hlftmp"))]
-        assert links["ens4"]["ipv4"] == [(vm.node["vpc_address"], vpc.subnet.prefixlen)]
-        assert links["ens4"]["mtu"] == 1460 and links["ens4"]["up"]
+        assert set(links) == {"lo", nic, "ext0", "docker0"}
+        assert links[nic]["ipv4"] == [(vm.node["vpc_address"], vpc.subnet.prefixlen)]
+        assert links[nic]["mtu"] == 1460 and links[nic]["up"]
         assert links["ext0"]["ipv4"][0][0] == vm.node["external_address"]
         route = vm.default_route()
-        assert (route["dev"], route["gateway"]) == ("ens4", vpc.gateway)
+        assert (route["dev"], route["gateway"]) == (nic, vpc.gateway)
         # Every VM name resolves to its VPC address, as GCP's internal DNS does.
         for peer in vms:
             assert vm.sh(f"getent hosts {peer.name}").stdout.split()[0] == peer.node["vpc_address"]
@@ -64,7 +65,7 @@ def test_each_vm_dockerd_runs_a_host_networked_container_that_sees_the_nic(vms):
     for vm in vms:
         seen = vm.sh(
             "docker run --rm --net=host hostnet-llamafactory/probe:busybox "
-            "ip -o -4 addr show dev ens4"
+            f"ip -o -4 addr show dev {vm.node['nic']}"
         ).stdout
         assert f"inet {vm.node['vpc_address']}/" in seen
         # The trap this project exists for: on the default bridge the container sees only
@@ -72,7 +73,7 @@ def test_each_vm_dockerd_runs_a_host_networked_container_that_sees_the_nic(vms):
         bridged = vm.sh(
             "docker run --rm hostnet-llamafactory/probe:busybox ip -o -4 addr show"
         ).stdout
-        assert "ens4" not in bridged and " 172.17." in bridged
+        assert vm.node["vpc_address"] not in bridged and " 172.17." in bridged
 
 
 def _connects(vm, address: str, port: int) -> bool:

@@ -25,7 +25,7 @@ def parse(**changes):
 def test_default_definition_is_two_gcp_like_vms():
     definition = spec.load()
     assert [vm.name for vm in definition.vms] == ["vm0", "vm1"]
-    assert {vm.nic for vm in definition.vms} == {"ens4"}
+    assert [vm.nic for vm in definition.vms] == ["ens4", "eth0"]
     assert definition.networks["vpc"].mtu == 1460
     assert definition.inventory == spec.repo_root() / "inventories/local/demo.yml"
     for network in definition.networks.values():

@@ -1,0 +1,203 @@
+"""primary_nic and the discover_network role on the local VMs: mixed NIC names, a decoy
+default route, asymmetric paths, and the GCE metadata path against a fake metadata server."""
+
+import subprocess
+from pathlib import Path
+
+import pytest
+from conftest import VM, run_module, run_playbook
+from localcluster import cluster, spec
+
+FAKE_METADATA = Path(__file__).with_name("fake_gce_metadata.py")
+METADATA_PORT = 8169
+METADATA_LOG = "/root/metadata-requests.log"
+
+
+def test_discovery_picks_each_vms_nic(test_cluster, tmp_path):
+    state = test_cluster[1]
+    vm0, vm1 = state["nodes"]
+    for check in (False, True):
+        runner, facts, _results = run_playbook(
+            state["inventory"], tmp_path / str(check), "playbooks/discover.yml", check=check
+        )
+        assert runner.rc == 0, runner.stats
+        assert sum(runner.stats["changed"].values()) == 0
+        assert facts["vm0"]["primary_nic"]["interface"] == "ens4"
+        assert facts["vm0"]["primary_nic"]["method"] == "default route"
+        assert facts["vm1"]["primary_nic"]["interface"] == "eth0"
+        assert facts["vm1"]["primary_nic"]["method"] == "peer route"
+        assert facts["vm1"]["primary_nic"]["address"] == vm1["vpc_address"]
+        for host in ("vm0", "vm1"):
+            assert facts[host]["discover_network_master_addr"] == vm0["vpc_address"]
+        assert facts["vm1"]["primary_nic"]["nccl_env"] == {
+            "NCCL_SOCKET_IFNAME": "=eth0",
+            "GLOO_SOCKET_IFNAME": "eth0",
+            "NCCL_IB_DISABLE": "1",
+        }
+
+
+@pytest.fixture(scope="module")
+def decoy_cluster():
+    """vm0's default route goes through a decoy NIC (ens5); the peers sit on the VPC (ens4)."""
+    definition = spec.load(
+        name="decoy",
+        shift=4,
+        vms=[{"name": "vm0", "nic": "ens4", "decoy": "ens5"}, {"name": "vm1", "nic": "ens4"}],
+    )
+    state = cluster.up(definition)
+    yield state
+    cluster.down(definition)
+
+
+def test_default_route_picks_the_decoy_but_the_peer_route_finds_the_vpc_nic(
+    decoy_cluster, tmp_path
+):
+    vm0, vm1 = decoy_cluster["nodes"]
+    inventory = decoy_cluster["inventory"]
+    setup = run_module(
+        inventory,
+        tmp_path / "setup",
+        "ansible.builtin.setup",
+        "gather_subset=!all,!min,network",
+        hosts="vm0",
+    )
+    assert setup["vm0"]["ansible_facts"]["ansible_default_ipv4"]["interface"] == "ens5"
+    found = run_module(
+        inventory,
+        tmp_path / "nic",
+        "hostnet.llamafactory.primary_nic",
+        f"peer={vm1['vpc_address']}",
+        hosts="vm0",
+    )["vm0"]
+    assert (found["interface"], found["address"], found["method"]) == (
+        "ens4",
+        vm0["vpc_address"],
+        "peer route",
+    )
+    assert found["default_route_interface"] == "ens5"
+    rejected = {c["name"]: c["rejected"] for c in found["candidates"]}
+    assert rejected["ens5"] == "not chosen: the peer is not routed through it"
+
+    # A TCP connection bound to the returned address reaches the other VM...
+    connect = (
+        'python3 -c "import socket,sys; s=socket.socket(); s.settimeout(5); '
+        's.bind((sys.argv[1], 0)); s.connect((sys.argv[2], 22)); print(s.recv(8))" '
+    )
+    ok = VM(vm0).sh(connect + f"{found['address']} {vm1['vpc_address']}")
+    assert "SSH-" in ok.stdout
+    # ...one bound to the decoy's address does not: the peer cannot answer it.
+    bad = VM(vm0).sh(connect + f"{vm0['decoy_address']} {vm1['vpc_address']}", check=False)
+    assert bad.returncode != 0
+
+
+def test_asymmetric_paths_fail_with_the_fix_then_the_override_works(decoy_cluster, tmp_path):
+    inventory = decoy_cluster["inventory"]
+    vm0 = decoy_cluster["nodes"][0]
+    runner, _facts, results = run_playbook(inventory, tmp_path / "a", "playbooks/discover.yml")
+    assert runner.rc != 0
+    failed = [r["res"].get("msg", "") for r in results["vm0"] if not r["ok"]]
+    assert failed and "Asymmetric paths" in failed[0]
+    assert "would train on ens5" in failed[0] and "through ens4" in failed[0]
+    assert "set llamafactory_master_interface" in failed[0]
+
+    runner, facts, _results = run_playbook(
+        inventory,
+        tmp_path / "b",
+        "playbooks/discover.yml",
+        extravars={"llamafactory_master_interface": "ens4"},
+    )
+    assert runner.rc == 0, runner.stats
+    assert facts["vm0"]["primary_nic"]["method"] == "override"
+    assert facts["vm1"]["discover_network_master_addr"] == vm0["vpc_address"]
+
+
+@pytest.fixture
+def fake_metadata(decoy_cluster):
+    """The fake metadata server on vm0's loopback, answering for vm0's VPC NIC."""
+    vm = VM(decoy_cluster["nodes"][0])
+    mac = vm.sh("cat /sys/class/net/ens4/address").stdout.strip()
+    subprocess.run(
+        ["docker", "cp", str(FAKE_METADATA), f"{vm.node['container']}:/root/"], check=True
+    )
+    vm.sh(f"rm -f {METADATA_LOG}")
+    subprocess.run(
+        [
+            "docker",
+            "exec",
+            "-d",
+            vm.node["container"],
+            "python3",
+            "/root/fake_gce_metadata.py",
+            str(METADATA_PORT),
+            METADATA_LOG,
+            f"ip={vm.node['vpc_address']}",
+            f"mac={mac}",
+        ],
+        check=True,
+    )
+    vm.sh(
+        f"for i in $(seq 50); do curl -s -o /dev/null localhost:{METADATA_PORT} && exit 0; "
+        "sleep 0.2; done; exit 1"
+    )
+    vm.sh(f"rm -f {METADATA_LOG}")
+    yield vm, f"http://127.0.0.1:{METADATA_PORT}/computeMetadata/v1"
+    vm.sh("pkill -f fake_gce_metadata.py", check=False)
+
+
+def requests(vm) -> list[str]:
+    return vm.sh(f"cat {METADATA_LOG} 2>/dev/null || true").stdout.splitlines()
+
+
+def test_metadata_path_beats_the_decoy_route(decoy_cluster, fake_metadata, tmp_path):
+    vm, url = fake_metadata
+    inventory = decoy_cluster["inventory"]
+    # Off GCE (no GCE DMI product name) auto sends nothing, even with the URL pointed here.
+    auto = run_module(
+        inventory,
+        tmp_path / "auto",
+        "hostnet.llamafactory.primary_nic",
+        f"metadata_url={url}",
+        hosts="vm0",
+    )["vm0"]
+    assert (auto["interface"], auto["method"], auto["metadata"]) == ("ens5", "default route", None)
+    assert requests(vm) == []
+
+    found = run_module(
+        inventory,
+        tmp_path / "always",
+        "hostnet.llamafactory.primary_nic",
+        f"gcp_metadata=always metadata_url={url}",
+        hosts="vm0",
+    )["vm0"]
+    assert (found["interface"], found["method"]) == ("ens4", "metadata")
+    assert found["address"] == vm.node["vpc_address"]
+    assert any(
+        "default route uses ens5, GCE metadata names ens4" in w for w in found["warnings_found"]
+    )
+    assert requests(vm) == [
+        "/computeMetadata/v1/instance/network-interfaces/0/ip Google",
+        "/computeMetadata/v1/instance/network-interfaces/0/mac Google",
+    ]
+
+    # The role's GCP path: rank 0 from metadata, the others by route, symmetric.
+    runner, facts, _results = run_playbook(
+        inventory,
+        tmp_path / "role",
+        "playbooks/discover.yml",
+        extravars={"discover_network_gcp_metadata": "always", "discover_network_metadata_url": url},
+    )
+    assert runner.rc == 0, runner.stats
+    assert facts["vm0"]["primary_nic"]["method"] == "metadata"
+    assert facts["vm1"]["discover_network_master_addr"] == vm.node["vpc_address"]
+
+
+def test_metadata_server_down_with_always_fails_clearly(decoy_cluster, tmp_path):
+    result = run_module(
+        decoy_cluster["inventory"],
+        tmp_path,
+        "hostnet.llamafactory.primary_nic",
+        "gcp_metadata=always metadata_url=http://127.0.0.1:9/computeMetadata/v1 metadata_timeout=1",
+        hosts="vm0",
+    )["vm0"]
+    assert result.get("failed")
+    assert "metadata server did not answer" in result["msg"]

@@ -1,0 +1,248 @@
+"""primary_nic's logic over captured and constructed network layouts (tests/unit/fixtures/nic).
+
+Each fixture holds a host's `ip -j` output and the cases to run against it; `source` says whether
+it was captured on the local cluster or constructed in the same format.
+"""
+
+import json
+import re
+from pathlib import Path
+
+import pytest
+from ansible_collections.hostnet.llamafactory.plugins.module_utils import nic, nic_host
+
+FIXTURES = sorted((Path(__file__).parent / "fixtures" / "nic").glob("*.json"))
+
+
+def layout_for(fixture: dict, case: dict) -> dict:
+    peer = case["options"].get("peer")
+    route = fixture["route_get"].get(peer) if peer else None
+    return {
+        "ip_addr": json.dumps(fixture["ip_addr"]),
+        "route_default": json.dumps(fixture["route_default"]),
+        "route_peer": json.dumps(route) if isinstance(route, list) else None,
+        "route_peer_error": route.get("error") if isinstance(route, dict) else None,
+        "sysfs": fixture["sysfs"],
+        "infiniband": fixture["infiniband"],
+        "gce": fixture["gce"],
+        "metadata": case.get("metadata", fixture["metadata"]),
+    }
+
+
+CASES = [
+    pytest.param(json.loads(path.read_text()), case, id=f"{path.stem}: {case['name']}")
+    for path in FIXTURES
+    for case in json.loads(path.read_text())["cases"]
+]
+
+
+@pytest.mark.parametrize(("fixture", "case"), CASES)
+def test_layout(fixture, case):
+    layout = layout_for(fixture, case)
+    if "error" in case:
+        with pytest.raises(nic.NicError) as error:
+            nic.choose(layout, **case["options"])
+        assert re.search(case["error"], str(error.value)), str(error.value)
+        return
+    result = nic.choose(layout, **case["options"])
+    for key, value in case["expect"].items():
+        assert result[key] == value, f"{key}: {result[key]!r} != {value!r}"
+    if "warning" in case:
+        assert any(case["warning"] in w for w in result["warnings"]), result["warnings"]
+    reasons = {c["name"]: c["rejected"] for c in result["candidates"]}
+    assert reasons[result["interface"]] is None
+    assert len([r for r in reasons.values() if r is None]) == 1
+    for name, expected in case.get("rejected", {}).items():
+        if expected is None:
+            assert reasons[name] is None
+        else:
+            assert expected in reasons[name], f"{name}: {reasons[name]}"
+    assert result["nccl_env"]["NCCL_SOCKET_IFNAME"] == "=" + result["interface"]
+    assert result["nccl_env"]["GLOO_SOCKET_IFNAME"] == result["interface"]
+    assert ("NCCL_IB_DISABLE" in result["nccl_env"]) is (not fixture["infiniband"])
+
+
+@pytest.mark.parametrize(
+    ("address", "private"),
+    [
+        ("10.128.0.5", True),
+        ("172.31.255.1", True),
+        ("172.32.0.1", False),
+        ("192.168.1.1", True),
+        ("100.64.0.1", True),
+        ("100.128.0.1", False),
+        ("198.18.0.10", True),
+        ("198.19.255.1", True),
+        ("198.20.0.1", False),
+        ("34.122.0.5", False),
+        ("8.8.8.8", False),
+    ],
+)
+def test_private_ranges(address, private):
+    assert nic.is_private(address) is private
+
+
+# ---------------------------------------------------------------- gathering
+
+
+class FakeModule:
+    """AnsibleModule's run_command/get_bin_path over one fixture's captured output."""
+
+    def __init__(self, fixture):
+        self.fixture = fixture
+        self.commands = []
+
+    def get_bin_path(self, name, required=False):
+        return "/usr/sbin/" + name
+
+    def run_command(self, args):
+        self.commands.append(args[1:])
+        if args[1:] == ["-j", "-d", "addr", "show"]:
+            return 0, json.dumps(self.fixture["ip_addr"]), ""
+        if args[1:] == ["-j", "-4", "route", "show", "default"]:
+            return 0, json.dumps(self.fixture["route_default"]), ""
+        if args[1:4] == ["-j", "route", "get"]:
+            route = self.fixture["route_get"][args[4]]
+            if isinstance(route, dict):
+                return route["rc"], "", route["error"] + "\n"
+            return 0, json.dumps(route), ""
+        raise AssertionError(f"unexpected command {args}")
+
+
+class FakeResponse:
+    def __init__(self, body, flavor="Google"):
+        self.body = body
+        self.headers = {"Metadata-Flavor": flavor} if flavor else {}
+
+    def read(self):
+        return self.body.encode()
+
+
+class FakeMetadata:
+    """Records requests; answers like GCE's metadata server (or not at all)."""
+
+    def __init__(self, answers=None, flavor="Google", fail=None):
+        self.answers = answers or {"ip": "10.128.0.5", "mac": "42:01:0a:80:00:05"}
+        self.flavor, self.fail, self.requests = flavor, fail, []
+
+    def __call__(self, url, headers, timeout, follow_redirects, use_proxy):
+        self.requests.append((url, headers, timeout))
+        if self.fail:
+            raise self.fail
+        return FakeResponse(self.answers[url.rsplit("/", 1)[1]], self.flavor)
+
+
+def load(name):
+    return json.loads((Path(__file__).parent / "fixtures" / "nic" / f"{name}.json").read_text())
+
+
+def params(**changes):
+    base = {
+        "peer": None,
+        "interface": None,
+        "gcp_metadata": "auto",
+        "metadata_url": "http://metadata.google.internal/computeMetadata/v1",
+        "metadata_timeout": 2.0,
+    }
+    return {**base, **changes}
+
+
+@pytest.fixture
+def dmi(tmp_path):
+    def write(product):
+        path = tmp_path / "product_name"
+        path.write_text(product + "\n")
+        return str(path)
+
+    return write
+
+
+def test_off_gce_auto_sends_nothing(dmi):
+    metadata = FakeMetadata()
+    layout, peer = nic_host.gather(
+        FakeModule(load("localcluster-vm0-ens4-decoy")),
+        params(),
+        opener=metadata,
+        dmi_path=dmi("Standard PC (Q35 + ICH9, 2009)"),
+    )
+    assert metadata.requests == []
+    assert layout["gce"] is False and layout["metadata"] is None and peer is None
+
+
+def test_on_gce_rank0_asks_the_metadata_server(dmi):
+    metadata = FakeMetadata()
+    layout, _peer = nic_host.gather(
+        FakeModule(load("gcp-debian12-ens4")),
+        params(),
+        opener=metadata,
+        dmi_path=dmi("Google Compute Engine"),
+    )
+    urls = [url for url, _h, _t in metadata.requests]
+    assert urls == [
+        f"http://metadata.google.internal/computeMetadata/v1/instance/network-interfaces/0/{key}"
+        for key in ("ip", "mac")
+    ]
+    assert all(h == {"Metadata-Flavor": "Google"} and t == 2.0 for _u, h, t in metadata.requests)
+    assert layout["metadata"] == {"ip": "10.128.0.5", "mac": "42:01:0a:80:00:05"}
+    assert nic.choose(layout)["method"] == "metadata"
+
+
+def test_on_gce_with_a_peer_the_route_decides_and_nothing_is_asked(dmi):
+    metadata = FakeMetadata()
+    module = FakeModule(load("gcp-debian12-ens4"))
+    layout, peer = nic_host.gather(
+        module, params(peer="10.128.0.6"), opener=metadata, dmi_path=dmi("Google Compute Engine")
+    )
+    assert metadata.requests == [] and peer == "10.128.0.6"
+    assert ["-j", "route", "get", "10.128.0.6"] in module.commands
+    assert nic.choose(layout, peer=peer)["method"] == "peer route"
+
+
+def test_always_asks_even_off_gce(dmi):
+    metadata = FakeMetadata()
+    layout, _peer = nic_host.gather(
+        FakeModule(load("gcp-debian12-ens4")),
+        params(gcp_metadata="always"),
+        opener=metadata,
+        dmi_path=dmi("Standard PC"),
+    )
+    assert len(metadata.requests) == 2 and layout["metadata"]["mac"] == "42:01:0a:80:00:05"
+
+
+@pytest.mark.parametrize(
+    ("metadata", "message"),
+    [
+        (FakeMetadata(flavor=None), "without the header Metadata-Flavor: Google"),
+        (FakeMetadata(fail=TimeoutError("timed out")), "timed out"),
+    ],
+)
+def test_metadata_failures_become_errors(dmi, metadata, message):
+    layout, _peer = nic_host.gather(
+        FakeModule(load("gcp-debian12-ens4")),
+        params(),
+        opener=metadata,
+        dmi_path=dmi("Google Compute Engine"),
+    )
+    assert message in layout["metadata"]["error"]
+    result = nic.choose(layout)
+    assert result["method"] == "default route"
+    assert any("did not answer" in w for w in result["warnings"])
+
+
+def test_unreachable_peer_keeps_the_error_text(dmi):
+    layout, peer = nic_host.gather(
+        FakeModule(load("localcluster-vm2-enp0s12-no-default")),
+        params(peer="203.0.113.5"),
+        opener=FakeMetadata(),
+        dmi_path=dmi("Standard PC"),
+    )
+    assert layout["route_peer"] is None
+    assert "Network is unreachable" in layout["route_peer_error"]
+    with pytest.raises(nic.NicError, match="unreachable"):
+        nic.choose(layout, peer=peer)
+
+
+def test_peer_names_are_resolved():
+    assert nic_host.resolve("127.0.0.1") == "127.0.0.1"
+    with pytest.raises(nic.NicError, match="does not resolve"):
+        nic_host.resolve("no-such-host.invalid")
