@@ -13,7 +13,6 @@ import json
 import os
 import shutil
 import socket
-import subprocess
 import time
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import asdict
@@ -25,7 +24,7 @@ import yaml
 
 from . import images
 from .spec import VM, ClusterSpec, repo_root
-from .util import ClusterError, log, run, wait_until
+from .util import ClusterError, log, pipe, run, wait_until
 
 CLUSTER_LABEL = "hostnet.llamafactory.cluster"
 SPEC_LABEL = "hostnet.llamafactory.cluster.spec"
@@ -304,18 +303,12 @@ def _configure_vm(spec: ClusterSpec, vm: VM, container, public_key: str, probe: 
         ),
         deadline_s=BOOT_DEADLINE_S,
     )
-    with subprocess.Popen(["docker", "save", probe], stdout=subprocess.PIPE) as save:
-        loaded = subprocess.run(
-            ["docker", "exec", "-i", container.name, "docker", "load", "-q"],
-            stdin=save.stdout,
-            capture_output=True,
-            text=True,
-            timeout=300,
-            check=False,
-        )
-        save.stdout.close()
-    if loaded.returncode != 0:
-        raise ClusterError(f"{vm.name}: loading {probe} into its dockerd failed: {loaded.stderr}")
+    pipe(
+        ["docker", "save", probe],
+        ["docker", "exec", "-i", container.name, "docker", "load", "-q"],
+        what=f"{vm.name}: loading {probe} into its dockerd",
+        timeout=300,
+    )
     host_key = wait_until(
         f"{vm.name}: SSH host key",
         lambda: _exec(container, "cat /etc/ssh/ssh_host_ed25519_key.pub").strip(),

@@ -17,7 +17,7 @@ import urllib.request
 from dataclasses import dataclass
 from pathlib import Path
 
-from .util import ClusterError, log, run, stream
+from .util import ClusterError, log, pipe, run, stream
 
 IMAGE_LABEL = "hostnet.llamafactory.image"
 INPUTS_LABEL = "hostnet.llamafactory.image.inputs"
@@ -259,20 +259,11 @@ def _import(
     for change in changes:
         args += ["--change", change]
     log(f"  importing {name}")
-    with subprocess.Popen(
-        ["tar", "--numeric-owner", "-C", str(rootfs), "-c", "."], stdout=subprocess.PIPE
-    ) as tar:
-        imported = subprocess.run(
-            [*args, "-", name],
-            stdin=tar.stdout,
-            capture_output=True,
-            text=True,
-            timeout=600,
-            check=False,
-        )
-        tar.stdout.close()
-    if tar.returncode != 0 or imported.returncode != 0:
-        raise ClusterError(f"docker import of {name} failed: {imported.stderr.strip()}")
+    pipe(
+        ["tar", "--numeric-owner", "-C", str(rootfs), "-c", "."],
+        [*args, "-", name],
+        what=f"docker import of {name}",
+    )
 
 
 def ensure_probe_image(client, cache_dir: Path) -> str:

@@ -33,6 +33,28 @@ def run(
     return result
 
 
+def pipe(producer: list[str], consumer: list[str], what: str, timeout: float = 600) -> None:
+    """producer | consumer, both checked, the consumer bounded by `timeout`."""
+    with subprocess.Popen(producer, stdout=subprocess.PIPE, stderr=subprocess.PIPE) as first:
+        try:
+            second = subprocess.run(
+                consumer,
+                stdin=first.stdout,
+                capture_output=True,
+                text=True,
+                timeout=timeout,
+                check=False,
+            )
+        except subprocess.TimeoutExpired as exc:
+            first.kill()
+            raise ClusterError(f"{what} did not finish within {timeout:.0f} s") from exc
+        finally:
+            first.stdout.close()
+        first_err = first.stderr.read().decode(errors="replace")
+    if first.returncode != 0 or second.returncode != 0:
+        raise ClusterError(f"{what} failed: {first_err.strip()} {second.stderr.strip()}".strip())
+
+
 def stream(command: list[str], prefix: str, deadline_s: float, every: int = 1) -> None:
     """Run a long command, showing every `every`-th output line (progress) and the last ones
     on failure; kill it at the deadline."""
