@@ -84,7 +84,7 @@ def _connects(vm, address: str, port: int) -> bool:
     return vm.sh(probe, check=False).returncode == 0
 
 
-def test_vms_reach_each_other_over_the_vpc_but_not_their_external_addresses(vms):
+def test_the_rendezvous_port_is_reached_over_the_vpc_only(vms):
     master, worker = vms[0], vms[1]
     master.sh(
         "docker run -d --rm --net=host --name rendezvous hostnet-llamafactory/probe:busybox "
@@ -100,16 +100,16 @@ def test_vms_reach_each_other_over_the_vpc_but_not_their_external_addresses(vms)
         # ansible_host is the external address: as on GCP, only SSH (and ping) get through.
         assert not _connects(worker, master.node["external_address"], RENDEZVOUS_PORT)
         assert _connects(worker, master.node["external_address"], 22)
+        # The controller too: the rendezvous port answers on the VPC address, not the external one.
+        socket.create_connection((master.node["vpc_address"], RENDEZVOUS_PORT), timeout=5).close()
+        with pytest.raises(OSError):
+            socket.create_connection(
+                (master.node["external_address"], RENDEZVOUS_PORT), timeout=3
+            ).close()
+        with socket.create_connection((master.node["external_address"], 22), timeout=5) as ssh:
+            assert ssh.recv(16).startswith(b"SSH-")
     finally:
         master.sh("docker rm -f rendezvous", check=False)
-
-
-def test_the_controller_reaches_ssh_but_nothing_else_on_the_external_address(vms):
-    address = vms[0].node["external_address"]
-    with socket.create_connection((address, 22), timeout=5) as sock:
-        assert sock.recv(16).startswith(b"SSH-")
-    with pytest.raises(OSError):
-        socket.create_connection((address, RENDEZVOUS_PORT), timeout=3).close()
 
 
 def test_up_again_keeps_the_running_cluster(test_cluster):
