@@ -1,4 +1,7 @@
-"""Command line: python -m localcluster {up,down,status,images,rmi} [--config FILE] [...]."""
+"""Command line: python -m localcluster {up,down,status,build,images,rmi} [--config FILE] [...].
+
+build [--kind vm|blank] [--platform P ...]: make sure the images exist; exits 3 when a platform's
+archive does not answer (that platform is then skipped, and said so)."""
 
 from __future__ import annotations
 
@@ -13,7 +16,15 @@ from .util import ClusterError
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="localcluster", description=__doc__)
-    parser.add_argument("command", choices=["up", "down", "status", "images", "rmi"])
+    parser.add_argument("command", choices=["up", "down", "status", "build", "images", "rmi"])
+    parser.add_argument("--kind", choices=sorted(images.KINDS), default="vm", help="for build")
+    parser.add_argument(
+        "--platform",
+        nargs="+",
+        choices=sorted(images.PLATFORMS),
+        default=["debian12"],
+        help="for build",
+    )
     parser.add_argument(
         "--config",
         type=Path,
@@ -40,6 +51,21 @@ def main(argv: list[str] | None = None) -> int:
             cluster.down(definition)
         elif args.command == "status":
             print(json.dumps(cluster.status(definition), indent=2))
+        elif args.command == "build":
+            unreachable = []
+            for name in args.platform:
+                try:
+                    images.ensure_vm_image(
+                        cluster.client(),
+                        images.PLATFORMS[name],
+                        cluster.cache_dir(),
+                        kind=args.kind,
+                    )
+                except images.ArchiveUnreachable as exc:
+                    print(f"localcluster: SKIPPED {name}: {exc}", file=sys.stderr)
+                    unreachable.append(name)
+            if unreachable:
+                return 3
         elif args.command == "images":
             for tag, kind, size in images.list_images(cluster.client()):
                 print(f"{tag:45} {kind:6} {size / 2**20:8.0f} MiB")

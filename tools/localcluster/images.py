@@ -45,6 +45,10 @@ VM_PACKAGES = (
     "iptables",
     "kmod",
 )
+# A "blank" host (no Docker) for role tests that install it.
+ENGINE_PACKAGES = ("docker.io", "iptables", "kmod")
+BLANK_PACKAGES = tuple(p for p in VM_PACKAGES if p not in ENGINE_PACKAGES)
+KINDS = {"vm": VM_PACKAGES, "blank": BLANK_PACKAGES}
 
 
 @dataclass(frozen=True)
@@ -62,7 +66,10 @@ class Platform:
 
     @property
     def image(self) -> str:
-        return f"hostnet-llamafactory/vm:{self.name}"
+        return self.image_of("vm")
+
+    def image_of(self, kind: str) -> str:
+        return f"hostnet-llamafactory/{kind}:{self.name}"
 
 
 PLATFORMS = {
@@ -96,12 +103,12 @@ def inputs_hash(*parts: str | bytes) -> str:
     return digest.hexdigest()[:16]
 
 
-def vm_inputs(platform: Platform) -> str:
+def vm_inputs(platform: Platform, kind: str = "vm") -> str:
     return inputs_hash(
-        "vm/1",
+        f"{kind}/1",
         platform.name,
         platform.suite,
-        " ".join(VM_PACKAGES),
+        " ".join(KINDS[kind]),
         CUSTOMIZE.read_bytes(),
         DOCKERFILE.read_bytes(),
     )
@@ -126,24 +133,26 @@ def archive_answers(url: str, timeout: float = 10.0) -> bool:
         return False
 
 
-def ensure_vm_image(client, platform: Platform, cache_dir: Path) -> str:
-    wanted = vm_inputs(platform)
-    if image_inputs(client, platform.image) == wanted:
-        log(f"image {platform.image}: cached")
-        return platform.image
-    log(f"image {platform.image}: building (inputs {wanted})")
+def ensure_vm_image(client, platform: Platform, cache_dir: Path, kind: str = "vm") -> str:
+    """The platform's image of `kind` ("vm": with Docker; "blank": without), built if needed."""
+    image = platform.image_of(kind)
+    wanted = vm_inputs(platform, kind)
+    if image_inputs(client, image) == wanted:
+        log(f"image {image}: cached")
+        return image
+    log(f"image {image}: building (inputs {wanted})")
     started = time.monotonic()
-    if not _build_from_registry(platform, wanted):
-        _build_with_debootstrap(platform, wanted, cache_dir)
-    log(f"image {platform.image}: built in {time.monotonic() - started:.0f} s")
-    return platform.image
+    if not _build_from_registry(platform, kind, wanted):
+        _build_with_debootstrap(platform, kind, wanted, cache_dir)
+    log(f"image {image}: built in {time.monotonic() - started:.0f} s")
+    return image
 
 
 def _labels(kind: str, inputs: str) -> list[str]:
     return [f"{IMAGE_LABEL}={kind}", f"{INPUTS_LABEL}={inputs}"]
 
 
-def _build_from_registry(platform: Platform, inputs: str) -> bool:
+def _build_from_registry(platform: Platform, kind: str, inputs: str) -> bool:
     """docker pull + docker build; False when no registry answers."""
     pulled = subprocess.run(
         ["docker", "pull", "-q", platform.base_image],
@@ -164,13 +173,13 @@ def _build_from_registry(platform: Platform, inputs: str) -> bool:
             "build",
             "--pull=false",
             "-t",
-            platform.image,
+            platform.image_of(kind),
             "--build-arg",
             f"BASE={platform.base_image}",
             "--build-arg",
-            "PACKAGES=" + " ".join(VM_PACKAGES),
+            "PACKAGES=" + " ".join(KINDS[kind]),
         ]
-        for label in _labels("vm", inputs):
+        for label in _labels(kind, inputs):
             command += ["--label", label]
         stream([*command, context], prefix="  build: ", deadline_s=BUILD_DEADLINE_S)
     return True
@@ -210,7 +219,7 @@ def _keyring_for(platform: Platform, workdir: Path) -> list[str]:
     return [f"--keyring={keyring}"]
 
 
-def _build_with_debootstrap(platform: Platform, inputs: str, cache_dir: Path) -> None:
+def _build_with_debootstrap(platform: Platform, kind: str, inputs: str, cache_dir: Path) -> None:
     for tool in ("debootstrap", "tar"):
         if not shutil.which(tool):
             raise ClusterError(
@@ -229,7 +238,7 @@ def _build_with_debootstrap(platform: Platform, inputs: str, cache_dir: Path) ->
             "debootstrap",
             "--variant=minbase",
             f"--components={platform.components}",
-            "--include=" + ",".join(VM_PACKAGES),
+            "--include=" + ",".join(KINDS[kind]),
             *_keyring_for(platform, workdir),
             platform.suite,
             str(rootfs),
@@ -241,8 +250,8 @@ def _build_with_debootstrap(platform: Platform, inputs: str, cache_dir: Path) ->
         (rootfs / "customize.sh").unlink()
         _import(
             rootfs,
-            platform.image,
-            "vm",
+            platform.image_of(kind),
+            kind,
             inputs,
             command='["/lib/systemd/systemd"]',
             extra=["ENV container=docker"],
