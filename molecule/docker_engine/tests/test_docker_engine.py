@@ -2,15 +2,12 @@
 training container runs. Runs the role again through ansible-runner and asserts on its events."""
 
 import json
-import os
-import subprocess
 from pathlib import Path
 
-import ansible_runner
 import pytest
+from molecule_helpers import load_image, run_playbook
 
 SCENARIO = Path(__file__).resolve().parents[1]
-ROOT = SCENARIO.parents[1]
 MARKER = "/etc/docker/.hostnet-llamafactory-restart-pending"
 PROBE = "hostnet-llamafactory/probe:busybox"
 
@@ -24,29 +21,7 @@ def dockerd_pid(host) -> str:
 
 
 def run_role(host, tmp_path, **extravars):
-    """Run the role on this host only; (rc, changed count, messages of failures and debug)."""
-    tmp_path.mkdir(parents=True, exist_ok=True)
-    env = {
-        "ANSIBLE_COLLECTIONS_PATH": str(ROOT / ".cache" / "collections"),
-        "ANSIBLE_CONFIG": str(ROOT / "ansible.cfg"),
-    }
-    runner = ansible_runner.run(
-        private_data_dir=str(tmp_path),
-        playbook=str(SCENARIO / "role.yml"),
-        inventory=os.environ["MOLECULE_INVENTORY_FILE"],
-        limit=host.backend.get_hostname(),
-        extravars=extravars,
-        envvars=env,
-        quiet=True,
-        timeout=600,
-    )
-    messages = []
-    for event in runner.events:
-        res = event.get("event_data", {}).get("res") or {}
-        if event.get("event") in ("runner_on_failed", "runner_on_ok") and "msg" in res:
-            messages.append(str(res["msg"]))
-    changed = sum(runner.stats.get("changed", {}).values()) if runner.stats else -1
-    return runner.rc, changed, "\n".join(messages)
+    return run_playbook(host, SCENARIO / "role.yml", tmp_path, **extravars)
 
 
 def test_docker_is_installed_enabled_and_running(host):
@@ -93,16 +68,7 @@ def test_a_file_docker_rejects_is_rolled_back(host, tmp_path):
 
 @pytest.fixture
 def training_container(host):
-    name = host.backend.get_hostname()
-    with subprocess.Popen(["docker", "save", PROBE], stdout=subprocess.PIPE) as save:
-        subprocess.run(
-            ["docker", "exec", "-i", name, "docker", "load", "-q"],
-            stdin=save.stdout,
-            check=True,
-            capture_output=True,
-            timeout=120,
-        )
-        save.stdout.close()
+    load_image(host, PROBE)
     host.check_output(
         f"docker run -d --name training --label hostnet.llamafactory.job=test {PROBE} sleep 600"
     )
