@@ -1,0 +1,80 @@
+# -*- coding: utf-8 -*-
+# Copyright: hostnet.llamafactory contributors
+# GNU General Public License v3.0+ (see LICENSE or https://www.gnu.org/licenses/gpl-3.0.txt)
+
+from __future__ import absolute_import, division, print_function
+
+__metaclass__ = type
+
+DOCUMENTATION = r"""
+name: gcp_firewall_plan
+short_description: The GCE firewall rules a training cluster needs, checked before any API call
+version_added: 0.1.0
+description:
+  - Turns the role gcp_firewall's settings into the rules to ensure, each with the options for
+    C(google.cloud.gcp_compute_firewall) and the API resource they make.
+  - "The nodes rule: INGRESS, allow tcp 0-65535, udp 0-65535 and icmp, named C(CLUSTER-nodes),
+    from the nodes' internal addresses as /32 ranges, from a network tag (source and target), or
+    from given private subnet ranges. The SSH rule C(CLUSTER-ssh): tcp 22 from admin ranges, or
+    absent when none are given."
+  - Fails, naming the variable and the fix, on 0.0.0.0/0 or ::/0 in any spelling, on a non-private
+    source for the nodes rule (it would publish MASTER_PORT beyond the cluster), on an SSH rule
+    when MASTER_PORT is 22, on a node without a known internal address, and on names GCE refuses.
+options:
+  _input:
+    description:
+      - "The settings: C(state), C(cluster), C(project), C(network), C(priority), C(source)
+        (addresses, tag or ranges), C(tag), C(ranges), C(target_tags), C(ssh_source_ranges),
+        C(master_port), and C(nodes) (host name to internal address, or null)."
+    type: dict
+    required: true
+"""
+
+EXAMPLES = r"""
+- name: Plan the rules
+  ansible.builtin.set_fact:
+    plan: "{{ settings | hostnet.llamafactory.gcp_firewall_plan }}"
+  vars:
+    settings:
+      cluster: llamafactory
+      project: my-project
+      network: default
+      nodes: {trainer-0: 10.128.0.5, trainer-1: 10.128.0.6}
+"""
+
+RETURN = r"""
+_value:
+  description: The plan.
+  type: dict
+  contains:
+    project:
+      description: The project ID.
+      type: str
+    cluster:
+      description: The cluster name.
+      type: str
+    rules:
+      description:
+        - One per rule name; C(state) present or absent, C(params) (the module's options) and
+          C(want) (the API resource) for present ones.
+      type: list
+      elements: dict
+"""
+
+from ansible.errors import AnsibleFilterError
+from ansible_collections.hostnet.llamafactory.plugins.module_utils.gcp_firewall import (
+    FirewallError,
+    plan,
+)
+
+
+def gcp_firewall_plan(settings):
+    try:
+        return plan(dict(settings or {}))
+    except FirewallError as exc:
+        raise AnsibleFilterError(str(exc)) from None
+
+
+class FilterModule(object):
+    def filters(self):
+        return {"gcp_firewall_plan": gcp_firewall_plan}

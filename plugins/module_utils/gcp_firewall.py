@@ -1,0 +1,589 @@
+# -*- coding: utf-8 -*-
+# Copyright: hostnet.llamafactory contributors
+# GNU General Public License v3.0+ (see LICENSE or https://www.gnu.org/licenses/gpl-3.0.txt)
+"""The gcp_firewall role's logic: which rules a cluster needs, how GCE's rules differ, and what a
+failure of google.cloud's modules means.
+
+Pure functions over plain data (the role's settings, the API's firewall resources, the modules'
+failed results); the filters gcp_firewall_plan, gcp_firewall_drift and gcp_firewall_error call
+them.
+"""
+
+from __future__ import absolute_import, division, print_function
+
+__metaclass__ = type
+
+import ast
+import ipaddress
+import re
+
+MARKER = "hostnet.llamafactory"
+API_LINK = "https://www.googleapis.com/compute/v1/"
+ALL_PORTS = "0-65535"
+SSH_PORT = 22
+NAME_RE = re.compile(r"^[a-z](?:[-a-z0-9]{0,61}[a-z0-9])?$")
+PROJECT_RE = re.compile(r"^(?:[a-z][-a-z0-9.]*[a-z0-9]:)?[a-z][-a-z0-9]{4,28}[a-z0-9]$")
+SUFFIXES = (("nodes", "-nodes"), ("ssh", "-ssh"))
+CLUSTER_MAX = 63 - len("-nodes")
+PRIVATE_NETWORKS = [
+    ipaddress.ip_network(n)
+    for n in ("10.0.0.0/8", "172.16.0.0/12", "192.168.0.0/16", "100.64.0.0/10")
+]
+# Fields that widen or retarget a rule; the role sets some, the others must stay empty.
+SCOPE_FIELDS = (
+    "sourceRanges",
+    "sourceTags",
+    "targetTags",
+    "sourceServiceAccounts",
+    "targetServiceAccounts",
+    "destinationRanges",
+    "denied",
+)
+IMMUTABLE_FIELDS = ("network", "direction")
+IAM_HINT = (
+    "Grant the identity roles/compute.securityAdmin on the project (or a role with "
+    "compute.firewalls.create, get, list, update, delete, compute.networks.updatePolicy and "
+    "compute.globalOperations.get), or use other credentials (gcp_firewall_auth_kind)."
+)
+
+
+class FirewallError(Exception):
+    """Settings that cannot give a safe rule; the message names the variable and the fix."""
+
+
+# -- the plan ---------------------------------------------------------------------------------
+
+
+def _name(value, variable, limit=63):
+    text = str(value or "").strip()
+    if len(text) > limit or not NAME_RE.match(text):
+        raise FirewallError(
+            "%s is %r: use lowercase letters, digits and hyphens, starting with a letter, "
+            "at most %d characters (GCE's naming rule)" % (variable, value, limit)
+        )
+    return text
+
+
+def _int(value, variable, low, high):
+    try:
+        number = int(value)
+        if str(number) != str(value).strip():
+            raise ValueError(value)
+    except (TypeError, ValueError):
+        number = None
+    if number is None or not low <= number <= high:
+        raise FirewallError(
+            "%s is %r: it must be an integer from %d to %d" % (variable, value, low, high)
+        )
+    return number
+
+
+def _cidr(value, variable, what):
+    """A source range, normalized; 0.0.0.0/0 and ::/0 (in any spelling) are refused."""
+    try:
+        network = ipaddress.ip_network(str(value).strip(), strict=False)
+    except ValueError:
+        raise FirewallError(
+            "%s contains %r, which is not an address range (CIDR such as 10.128.0.0/20)"
+            % (variable, value)
+        ) from None
+    if network.prefixlen == 0:
+        raise FirewallError(
+            "%s contains %s: refused. That source is the whole internet, and the rule would "
+            "publish %s to it. Give the exact ranges that need it." % (variable, value, what)
+        )
+    return network
+
+
+def _private(network):
+    return network.version == 4 and any(network.subnet_of(p) for p in PRIVATE_NETWORKS)
+
+
+def _list(value, variable):
+    if value is None or value == "":
+        return []
+    if isinstance(value, (str, bytes)) or not isinstance(value, (list, tuple)):
+        raise FirewallError("%s must be a list, not %r" % (variable, value))
+    return list(value)
+
+
+def description(cluster, role):
+    what = {
+        "nodes": "all TCP/UDP and ICMP between its training nodes",
+        "ssh": "SSH to its training nodes from the admin ranges",
+    }[role]
+    return "%s cluster %s: %s (role gcp_firewall)" % (MARKER, cluster, what)
+
+
+def owned(resource, cluster):
+    """Whether a rule carries this cluster's mark, i.e. the role made it."""
+    return str(resource.get("description") or "").startswith("%s cluster %s:" % (MARKER, cluster))
+
+
+def network_link(project, network):
+    return "%sprojects/%s/global/networks/%s" % (API_LINK, project, network)
+
+
+def _rule(plan, role, allowed, sources, target_tags):
+    """A present rule: the module's options and the API resource they make."""
+    name = plan["names"][role]
+    text = description(plan["cluster"], role)
+    params = {
+        "name": name,
+        "description": text,
+        "direction": "INGRESS",
+        "priority": plan["priority"],
+        "network": {"selfLink": "global/networks/%s" % plan["network"]},
+        "allowed": [
+            dict(ip_protocol=p, **({"ports": ports} if ports else {})) for p, ports in allowed
+        ],
+        "disabled": False,
+    }
+    want = {
+        "name": name,
+        "description": text,
+        "direction": "INGRESS",
+        "priority": plan["priority"],
+        "network": network_link(plan["project"], plan["network"]),
+        "allowed": [
+            dict(IPProtocol=p, **({"ports": ports} if ports else {})) for p, ports in allowed
+        ],
+        "disabled": False,
+    }
+    for option, field, values in (
+        ("source_ranges", "sourceRanges", sources.get("ranges")),
+        ("source_tags", "sourceTags", sources.get("tags")),
+        ("target_tags", "targetTags", target_tags),
+    ):
+        if values:
+            params[option] = list(values)
+            want[field] = list(values)
+    return {"name": name, "role": role, "state": "present", "params": params, "want": want}
+
+
+def plan(settings):
+    """The rules one cluster needs, from the role's settings; FirewallError when unsafe or wrong.
+
+    settings: state, cluster, project, network, priority, source (addresses | tag | ranges), tag,
+    ranges, target_tags, ssh_source_ranges, master_port, and nodes (host -> internal address or
+    None). Everything is checked here, before any API call.
+    """
+    state = settings.get("state") or "present"
+    if state not in ("present", "absent"):
+        raise FirewallError("gcp_firewall_state is %r: use present or absent" % state)
+    cluster = _name(settings.get("cluster"), "gcp_firewall_cluster_name", CLUSTER_MAX)
+    project = str(settings.get("project") or "").strip()
+    if not project:
+        raise FirewallError(
+            "gcp_firewall_project is not set: set it to the ID of the GCP project that holds the "
+            "VMs' VPC network (the host project for a shared VPC), or export GCP_PROJECT"
+        )
+    if not PROJECT_RE.match(project):
+        raise FirewallError(
+            "gcp_firewall_project is %r, which is not a GCP project ID (6 to 30 lowercase letters, "
+            "digits and hyphens; the ID, not the project's name or number)" % project
+        )
+    result = {
+        "state": state,
+        "cluster": cluster,
+        "project": project,
+        "network": _name(settings.get("network"), "gcp_firewall_network"),
+        "priority": _int(settings.get("priority", 1000), "gcp_firewall_priority", 0, 65535),
+        "names": dict((role, cluster + suffix) for role, suffix in SUFFIXES),
+    }
+    master_port = _int(settings.get("master_port", 29500), "llamafactory_master_port", 1, 65535)
+    if state == "absent":
+        result["rules"] = [
+            {"name": result["names"][r], "role": r, "state": "absent"} for r, _ in SUFFIXES
+        ]
+        return result
+
+    publish = "every port of the nodes, MASTER_PORT %d included" % master_port
+    source = settings.get("source") or "addresses"
+    target_tags = [
+        _name(t, "gcp_firewall_target_tags")
+        for t in _list(settings.get("target_tags"), "gcp_firewall_target_tags")
+    ]
+    if source == "addresses":
+        nodes = settings.get("nodes") or {}
+        if not nodes:
+            raise FirewallError(
+                "no training nodes: put the VMs in the group named by gcp_firewall_group "
+                "(default llamafactory)"
+            )
+        ranges = []
+        for host in sorted(nodes):
+            address = nodes[host]
+            if not address:
+                raise FirewallError(
+                    "the internal address of %s is not known (primary_nic.address): run the role "
+                    "discover_network on the nodes first (train.yml does), or set "
+                    "gcp_firewall_source to tag or ranges" % host
+                )
+            try:
+                network = ipaddress.ip_network("%s/32" % str(address).strip())
+            except ValueError:
+                raise FirewallError(
+                    "the internal address of %s is %r, not an IPv4 address (primary_nic.address)"
+                    % (host, address)
+                ) from None
+            if not _private(network):
+                raise FirewallError(
+                    "the internal address of %s is %s, not a private address: a rule from it "
+                    "would publish %s beyond the VPC. Check primary_nic on %s (it must be the VPC "
+                    "NIC, not an external address)" % (host, address, publish, host)
+                )
+            ranges.append(network)
+        sources = {"ranges": [str(n) for n in sorted(set(ranges))]}
+    elif source == "ranges":
+        ranges = []
+        for value in _list(settings.get("ranges"), "gcp_firewall_ranges"):
+            network = _cidr(value, "gcp_firewall_ranges", publish)
+            if not _private(network):
+                raise FirewallError(
+                    "gcp_firewall_ranges contains %s, which is not a private IPv4 range: the "
+                    "rule would publish %s beyond the cluster. Give the cluster's internal subnet "
+                    "ranges (within 10.0.0.0/8, 172.16.0.0/12, 192.168.0.0/16 or 100.64.0.0/10)"
+                    % (value, publish)
+                )
+            ranges.append(network)
+        if not ranges:
+            raise FirewallError(
+                "gcp_firewall_source is ranges but gcp_firewall_ranges is empty: give the "
+                "cluster's internal subnet ranges (for example the A3 GPU NICs' subnets)"
+            )
+        sources = {"ranges": [str(n) for n in sorted(set(ranges))]}
+    elif source == "tag":
+        if target_tags:
+            raise FirewallError(
+                "gcp_firewall_target_tags is for the addresses and ranges sources; with "
+                "gcp_firewall_source tag the rule targets gcp_firewall_tag itself: unset it"
+            )
+        tag = _name(settings.get("tag") or cluster, "gcp_firewall_tag")
+        sources = {"tags": [tag]}
+        target_tags = [tag]
+    else:
+        raise FirewallError("gcp_firewall_source is %r: use addresses, tag or ranges" % source)
+
+    protocols = [("tcp", [ALL_PORTS]), ("udp", [ALL_PORTS]), ("icmp", None)]
+    rules = [_rule(result, "nodes", protocols, sources, target_tags)]
+
+    ssh = []
+    for value in _list(settings.get("ssh_source_ranges"), "gcp_firewall_ssh_source_ranges"):
+        ssh.append(_cidr(value, "gcp_firewall_ssh_source_ranges", "SSH (port %d)" % SSH_PORT))
+    if ssh:
+        if master_port == SSH_PORT:
+            raise FirewallError(
+                "llamafactory_master_port is %d, the SSH port: the SSH rule would publish the "
+                "rendezvous to gcp_firewall_ssh_source_ranges. Use another MASTER_PORT" % SSH_PORT
+            )
+        if len(set(n.version for n in ssh)) > 1:
+            raise FirewallError(
+                "gcp_firewall_ssh_source_ranges mixes IPv4 and IPv6 ranges; a GCE rule takes one "
+                "family: keep one"
+            )
+        ssh_sources = {"ranges": [str(n) for n in sorted(set(ssh))]}
+        rules.append(_rule(result, "ssh", [("tcp", [str(SSH_PORT)])], ssh_sources, target_tags))
+    else:
+        rules.append({"name": result["names"]["ssh"], "role": "ssh", "state": "absent"})
+    result["rules"] = rules
+    return result
+
+
+# -- drift ------------------------------------------------------------------------------------
+
+
+def _network_path(value):
+    text = str(value or "")
+    for prefix in (API_LINK, "https://compute.googleapis.com/compute/v1/"):
+        if text.startswith(prefix):
+            return text[len(prefix) :]
+    return text
+
+
+def _allowed_set(entries):
+    return set(
+        (str(e.get("IPProtocol", "")).lower(), tuple(sorted(str(p) for p in e.get("ports") or [])))
+        for e in entries or []
+    )
+
+
+def _show(values):
+    return ", ".join(sorted(values)) or "nothing"
+
+
+def _show_allowed(items):
+    return _show("%s:%s" % (protocol, ",".join(ports) or "all") for protocol, ports in items)
+
+
+def _ranges_set(values):
+    result = set()
+    for value in values or []:
+        try:
+            result.add(str(ipaddress.ip_network(str(value), strict=False)))
+        except ValueError:
+            result.add(str(value))
+    return result
+
+
+def _module_differs(request, response):
+    """gcp_compute_firewall's is_different (google.cloud's GcpRequest): whether it would PATCH.
+
+    It compares only fields that both sides hold; a list matches when every requested item has
+    an equal item in the response, so entries that were added to a rule go unnoticed.
+    """
+    keys = [k for k in request if k in response and k != "name"]
+    return any(_value_differs(request[k], response[k]) for k in keys)
+
+
+def _value_differs(req, resp):
+    if resp is None:
+        return False
+    if isinstance(req, list):
+        resp = resp if isinstance(resp, list) else [resp]
+        return any(all(_value_differs(item, r) for r in resp) for item in req)
+    if isinstance(req, dict):
+        resp = resp if isinstance(resp, dict) else {}
+        return any(_value_differs(v, resp.get(k)) for k, v in req.items())
+    if isinstance(req, bool):
+        return str(req).lower() != str(resp).lower()
+    return str(req) != str(resp)
+
+
+def compare(want, current):
+    """(action, changes): how a rule the role made differs from the wanted one.
+
+    action: none; update (the module's PATCH fixes it); narrow (entries were added, which the
+    module does not see: the role makes it rewrite the rule); replace (a field that cannot change
+    in place, or a scope the role does not set: delete and create).
+    """
+    changes, replace = [], False
+    for field in IMMUTABLE_FIELDS:
+        have = current.get(field, "INGRESS" if field == "direction" else None)
+        if field == "network":
+            same = _network_path(have) == _network_path(want[field])
+        else:
+            same = str(have) == str(want[field])
+        if not same:
+            replace = True
+            changes.append(
+                "%s: %s, wanted %s (fixed at creation: the rule is replaced)"
+                % (field, have, want[field])
+            )
+    for field in SCOPE_FIELDS:
+        have = current.get(field) or []
+        if field in ("sourceRanges", "destinationRanges"):
+            have_set, want_set = _ranges_set(have), _ranges_set(want.get(field))
+        elif field == "denied":
+            have_set, want_set = set(str(e) for e in have), set()
+        else:
+            have_set, want_set = (
+                set(str(v) for v in have),
+                set(str(v) for v in want.get(field) or []),
+            )
+        if have_set == want_set:
+            continue
+        if field not in want:
+            replace = True
+            changes.append(
+                "%s: %s, wanted none (a scope the role does not set: the rule is replaced)"
+                % (field, _show(have_set))
+            )
+            continue
+        parts = []
+        if want_set - have_set:
+            parts.append("add %s" % _show(want_set - have_set))
+        if have_set - want_set:
+            parts.append("remove %s" % _show(have_set - want_set))
+        changes.append("%s: %s" % (field, "; ".join(parts)))
+    have_allowed, want_allowed = _allowed_set(current.get("allowed")), _allowed_set(want["allowed"])
+    if have_allowed != want_allowed:
+        parts = []
+        if want_allowed - have_allowed:
+            parts.append("add %s" % _show_allowed(want_allowed - have_allowed))
+        if have_allowed - want_allowed:
+            parts.append("remove %s" % _show_allowed(have_allowed - want_allowed))
+        changes.append("allowed: %s" % "; ".join(parts))
+    for field, default in (("priority", 1000), ("description", ""), ("disabled", False)):
+        have = current.get(field, default)
+        if str(have) != str(want[field]):
+            changes.append("%s: %s, wanted %s" % (field, have, want[field]))
+    if not changes:
+        return "none", []
+    if replace:
+        return "replace", changes
+    return ("update" if _module_differs(want, current) else "narrow"), changes
+
+
+def drift(planned, resources):
+    """What the role would do to each planned rule, given the rules GCE holds (the list call's)."""
+    existing = dict((r.get("name"), r) for r in resources or [])
+    rules, foreign = [], []
+    for rule in planned["rules"]:
+        current = existing.get(rule["name"])
+        entry = dict(rule, action="none", changes=[])
+        if current is not None and not owned(current, planned["cluster"]):
+            mark = "not made by this role (no mark of cluster %s): left alone" % planned["cluster"]
+            entry.update(action="foreign", changes=[mark])
+            foreign.append(rule["name"])
+        elif rule["state"] == "absent":
+            if current is not None:
+                entry.update(action="delete", changes=["delete the rule"])
+        elif current is None:
+            entry.update(action="create", changes=["create the rule"])
+        else:
+            entry["action"], entry["changes"] = compare(rule["want"], current)
+        rules.append(entry)
+    changed = any(r["action"] not in ("none", "foreign") for r in rules)
+    return {"rules": rules, "changed": changed, "foreign": foreign}
+
+
+# -- errors -----------------------------------------------------------------------------------
+
+
+def _google_error(msg):
+    """(code, message, reason) from the module's "GCP returned error: {...}" message, or None."""
+    text = msg if isinstance(msg, str) else repr(msg)
+    start = text.find("{")
+    if "GCP returned error" not in text or start < 0:
+        return None
+    try:
+        body = ast.literal_eval(text[start:])
+    except (ValueError, SyntaxError):
+        return None
+    error = body.get("error") if isinstance(body, dict) else None
+    if not isinstance(error, dict):
+        return None
+    reasons = [e.get("reason") for e in error.get("errors") or [] if isinstance(e, dict)]
+    for detail in error.get("details") or []:
+        if isinstance(detail, dict) and detail.get("reason"):
+            reasons.append(detail["reason"])
+    return error.get("code"), str(error.get("message", "")), [r for r in reasons if r]
+
+
+def permission_for(method, url):
+    """The IAM permission that a Compute Engine firewall call needs."""
+    path = str(url or "").split("?")[0]
+    if "/global/operations/" in path:
+        return "compute.globalOperations.get"
+    if path.rstrip("/").endswith("/global/firewalls"):
+        return "compute.firewalls.create" if method == "POST" else "compute.firewalls.list"
+    return {
+        "GET": "compute.firewalls.get",
+        "PATCH": "compute.firewalls.update",
+        "DELETE": "compute.firewalls.delete",
+    }.get(str(method).upper(), "compute.firewalls.*")
+
+
+def explain(result, context):
+    """A clear message for a failed google.cloud module result.
+
+    context: project, network, rule (its name), call (list | present | absent), auth_kind,
+    deadline (seconds), python (the controller's Python).
+    """
+    result = result or {}
+    failed = [r for r in result.get("results") or [] if isinstance(r, dict) and r.get("failed")]
+    if failed:  # a loop: the first item that failed
+        result, item = failed[0], failed[0].get("item")
+        if isinstance(item, dict) and item.get("name") and not context.get("rule"):
+            context = dict(context, rule="the firewall rule %s" % item["name"])
+    msg = result.get("msg", "")
+    text = msg if isinstance(msg, str) else repr(msg)
+    stderr = str(result.get("module_stderr") or "")
+    project, network = context.get("project"), context.get("network")
+    rule = context.get("rule") or "the firewall rules"
+    doing = {"list": "reading", "present": "writing", "absent": "deleting"}.get(
+        context.get("call"), "changing"
+    )
+    if result.get("deadline_exceeded"):
+        return (
+            "Compute Engine did not finish %s %s within gcp_firewall_operation_timeout (%s s), and "
+            "the module was stopped. GCP may still complete the operation: run the role again to "
+            "converge, or raise gcp_firewall_operation_timeout."
+            % (doing, rule, context.get("deadline"))
+        )
+    error = _google_error(msg)
+    if error:
+        code, message, reasons = error
+        if code == 403 and (
+            set(reasons) & set(["accessNotConfigured", "SERVICE_DISABLED"])
+            or "has not been used" in message
+        ):
+            return (
+                "The Compute Engine API is not enabled in project %s (Google: %s). Enable "
+                "compute.googleapis.com there, or check gcp_firewall_project." % (project, message)
+            )
+        if code == 403:
+            found = re.search(r"Required '([\w.]+)' permission", message)
+            request = result.get("request") or {}
+            permission = (
+                found.group(1)
+                if found
+                else permission_for(request.get("method"), request.get("url"))
+            )
+            return (
+                "Permission denied: the credentials (gcp_firewall_auth_kind=%s) lack %s in project "
+                "%s, needed for %s %s (Google: %s). %s"
+                % (context.get("auth_kind"), permission, project, doing, rule, message, IAM_HINT)
+            )
+        if code == 404:
+            found = re.search(r"The resource '([^']+)' was not found", message)
+            resource = found.group(1) if found else ""
+            if re.match(r"^projects/[^/]+$", resource):
+                return (
+                    "Project %s was not found (Google: %s). Set gcp_firewall_project to the ID of "
+                    "an existing project that the credentials can see."
+                    % (resource.split("/")[1], message)
+                )
+            if "/global/networks/" in resource:
+                return (
+                    "The VPC network %s (gcp_firewall_network=%s) was not found in project %s "
+                    "(Google: %s). Set gcp_firewall_network to the network of the VMs' training "
+                    "NICs (gcloud compute networks list shows the project's networks)."
+                    % (resource.rsplit("/", 1)[-1], network, project, message)
+                )
+            return "Compute Engine answered 404 while %s %s: %s" % (doing, rule, message)
+        if code == 409:
+            return (
+                "The firewall rule %s already exists: something created it between the role's read "
+                "and its write (Google: %s). Run the role again." % (rule, message)
+            )
+        if code == 401:
+            return (
+                "Compute Engine rejected the credentials (gcp_firewall_auth_kind=%s): %s. Renew "
+                "the access token or check the credentials." % (context.get("auth_kind"), message)
+            )
+        if code == 400:
+            return "Compute Engine refused %s as invalid: %s" % (rule, message)
+        return "Compute Engine answered HTTP %s while %s %s: %s" % (code, doing, rule, message)
+    both = text + "\n" + stderr
+    if context.get("call") == "list" and "'NoneType' object has no attribute 'get'" in both:
+        # gcp_compute_firewall_info crashes when its list call answers 404: no such project.
+        return (
+            "Project %s was not found: listing its firewall rules answered 404. Set "
+            "gcp_firewall_project to the ID of an existing project that the credentials can see."
+            % project
+        )
+    if "install the google-auth library" in both or "install the requests library" in both:
+        return (
+            "The google.cloud modules need the Python packages google-auth and requests in the "
+            "controller's Python (%s): pip install google-auth requests, or set "
+            "gcp_firewall_python to a Python that has them." % context.get("python")
+        )
+    if "DefaultCredentialsError" in both or "default credentials were not found" in both:
+        return (
+            "No application default credentials on the controller: run gcloud auth "
+            "application-default login, or set gcp_firewall_auth_kind to serviceaccount (with "
+            "gcp_firewall_service_account_file) or accesstoken (with gcp_firewall_access_token)."
+        )
+    if "Unable to read service_account_file" in both:
+        return "%s: check gcp_firewall_service_account_file." % text
+    if re.search(
+        r"ConnectionError|ProxyError|SSLError|Max retries exceeded|NewConnectionError", both
+    ):
+        return (
+            "The controller could not reach the Compute Engine API (compute.googleapis.com) while "
+            "%s %s: check its network, proxy (HTTPS_PROXY) and CA settings. %s"
+            % (doing, rule, (stderr.strip().splitlines() or [text])[-1])
+        )
+    return "google.cloud's module failed while %s %s: %s" % (doing, rule, text)

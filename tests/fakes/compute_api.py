@@ -1,0 +1,672 @@
+"""A fake Compute Engine API: a test double for compute.googleapis.com, which tests cannot reach.
+
+It follows the Compute Engine v1 REST contract for what google.cloud.gcp_compute_firewall and
+gcp_compute_firewall_info use (https://cloud.google.com/compute/docs/reference/rest/v1/firewalls
+and .../globalOperations):
+
+- firewalls: insert (POST .../projects/P/global/firewalls), get, patch (JSON merge patch: a list
+  replaces the whole list, null removes a field), delete, and list (GET on the collection, with a
+  `filter` of `name = "x"` terms joined by OR, or `name eq REGEX`);
+- each write answers a compute#operation, PENDING, then RUNNING until its time is up, then DONE;
+  the change lands when it is DONE (whether or not anyone polls), as on GCE;
+  GET .../projects/P/global/operations/NAME polls it;
+- errors in Google's JSON shape, {"error": {"code", "message", "errors": [{"message", "domain",
+  "reason"}]}}: 400 invalid (bad name, CIDR, protocol, port, an immutable field patched), 401 for a
+  missing or wrong bearer token, 403 "Required 'PERMISSION' permission for 'RESOURCE'", 404
+  "The resource 'projects/P[/global/...]' was not found", 409 alreadyExists;
+- the real defaults: network global/networks/default, priority 1000, direction INGRESS, and an
+  INGRESS rule without sources gets sourceRanges ["0.0.0.0/0"]; links use
+  https://www.googleapis.com/compute/v1/ (the module fetches an operation's targetLink there).
+
+It is reached the way the module allows: the module's URLs are fixed, so clients set
+HTTPS_PROXY=http://127.0.0.1:PORT and REQUESTS_CA_BUNDLE=STATE/ca.pem. CONNECT to
+compute.googleapis.com or www.googleapis.com:443 is answered here with TLS from a test CA (trustme)
+and served from memory; CONNECT to any other host, and plain proxy requests, are refused and
+logged. Nothing is forwarded: the fake never opens a connection of its own. It listens on
+127.0.0.1 only.
+
+Plain requests to /_fake/... are the tests' control API: GET requests (the log), DELETE requests,
+POST reset, POST config ({"operation_seconds": N or null for never, "deny": [PERMISSION...],
+"projects": {P: [NETWORK...]}}), GET firewalls, PUT firewalls/P/NAME (edit a rule behind the
+API's back, as someone in the console would).
+
+Usage: python compute_api.py start|stop|serve --state DIR [--idle SECONDS]
+  start daemonizes, waits until it answers, and writes DIR/client.json (proxy, CA, token, pid);
+  stop ends it (by the pid it wrote, after checking that the pid is this fake); serve runs in the
+  foreground. It also exits by itself after --idle seconds without a request.
+"""
+
+from __future__ import annotations
+
+import argparse
+import copy
+import ipaddress
+import itertools
+import json
+import os
+import re
+import secrets
+import signal
+import ssl
+import sys
+import threading
+import time
+from datetime import UTC, datetime
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from pathlib import Path
+from urllib.parse import parse_qs, unquote, urlsplit
+
+API_HOSTS = ("compute.googleapis.com", "www.googleapis.com")
+LINK = "https://www.googleapis.com/compute/v1/"
+NAME_RE = re.compile(r"^[a-z](?:[-a-z0-9]{0,61}[a-z0-9])?$")
+PROTOCOLS = {"tcp", "udp", "icmp", "esp", "ah", "sctp", "ipip", "all"}
+PORTED = {"tcp", "udp", "sctp"}
+# Fields a patch may not change.
+IMMUTABLE = ("name", "network", "direction")
+DEFAULT_PROJECTS = {"hlf-test": ["default", "hlf-net"]}
+
+
+class ApiError(Exception):
+    def __init__(self, code, reason, message):
+        super().__init__(message)
+        self.code, self.reason, self.message = code, reason, message
+
+    def body(self):
+        error = {"message": self.message, "domain": "global", "reason": self.reason}
+        return {"error": {"code": self.code, "message": self.message, "errors": [error]}}
+
+
+def not_found(resource):
+    return ApiError(404, "notFound", f"The resource '{resource}' was not found")
+
+
+def invalid(field, value, why):
+    return ApiError(400, "invalid", f"Invalid value for field '{field}': '{value}'. {why}")
+
+
+def now():
+    return datetime.now(UTC).isoformat(timespec="milliseconds")
+
+
+class Compute:
+    """The API's state: projects, networks, firewall rules, operations, and the request log."""
+
+    def __init__(self, token):
+        self.token = token
+        self.lock = threading.RLock()
+        self.ids = itertools.count(int(time.time()) * 1000)
+        self.reset()
+
+    def reset(self):
+        with self.lock:
+            self.projects = {p: set(n) for p, n in DEFAULT_PROJECTS.items()}
+            self.firewalls = {}  # (project, name) -> resource
+            self.operations = {}  # (project, name) -> [operation, done_at or None, apply]
+            self.deny = set()
+            self.operation_seconds = 0.0
+            self.log = []
+
+    def configure(self, config):
+        with self.lock:
+            if "operation_seconds" in config:
+                seconds = config["operation_seconds"]
+                self.operation_seconds = None if seconds is None else float(seconds)
+            if "deny" in config:
+                self.deny = set(config["deny"])
+            if "projects" in config:
+                self.projects = {p: set(n) for p, n in config["projects"].items()}
+
+    # -- the API --------------------------------------------------------------------------------
+
+    def handle(self, method, path, query, headers, body):
+        """Answer one API request: (status, JSON body)."""
+        with self.lock:
+            self._finish_due_operations()
+            if headers.get("Authorization") != f"Bearer {self.token}":
+                message = "Request had invalid authentication credentials."
+                error = ApiError(401, "authError", message).body()
+                error["error"]["status"] = "UNAUTHENTICATED"
+                return 401, error
+            try:
+                return 200, self._route(method, path, query, body)
+            except ApiError as error:
+                return error.code, error.body()
+
+    def _route(self, method, path, query, body):
+        match = re.fullmatch(
+            r"/compute/v1/projects/([^/]+)/global/(firewalls|operations)(?:/([^/]+))?", path
+        )
+        if not match:
+            raise ApiError(404, "notFound", f"Not Found: {path}")
+        project, kind, name = match.group(1), match.group(2), match.group(3)
+        if project not in self.projects:
+            raise not_found(f"projects/{project}")
+        if kind == "operations":
+            if method != "GET" or not name:
+                raise ApiError(405, "httpMethodNotAllowed", "Method not allowed")
+            return self._get_operation(project, name)
+        if name is None:
+            if method == "GET":
+                return self._list(project, query.get("filter", [""])[0])
+            if method == "POST":
+                return self._insert(project, body)
+        else:
+            if method == "GET":
+                return self._get(project, name)
+            if method == "PATCH":
+                return self._patch(project, name, body)
+            if method == "DELETE":
+                return self._delete(project, name)
+        raise ApiError(405, "httpMethodNotAllowed", "Method not allowed")
+
+    def _check(self, permission, resource):
+        if permission in self.deny:
+            raise ApiError(403, "forbidden", f"Required '{permission}' permission for '{resource}'")
+
+    def _existing(self, project, name):
+        rule = self.firewalls.get((project, name))
+        if rule is None:
+            raise not_found(f"projects/{project}/global/firewalls/{name}")
+        return rule
+
+    def _get(self, project, name):
+        self._check("compute.firewalls.get", f"projects/{project}/global/firewalls/{name}")
+        return copy.deepcopy(self._existing(project, name))
+
+    def _list(self, project, expression):
+        self._check("compute.firewalls.list", f"projects/{project}")
+        keep = parse_filter(expression)
+        items = [
+            copy.deepcopy(rule)
+            for (p, name), rule in sorted(self.firewalls.items())
+            if p == project and keep(rule)
+        ]
+        answer = {
+            "kind": "compute#firewallList",
+            "id": f"projects/{project}/global/firewalls",
+            "selfLink": f"{LINK}projects/{project}/global/firewalls",
+        }
+        if items:  # the real API leaves "items" out of an empty list
+            answer["items"] = items
+        return answer
+
+    def _insert(self, project, body):
+        name = (body or {}).get("name", "")
+        if not NAME_RE.match(name or ""):
+            raise invalid("resource.name", name, f"Must be a match of regex '{NAME_RE.pattern}'")
+        resource = f"projects/{project}/global/firewalls/{name}"
+        self._check("compute.firewalls.create", resource)
+        rule = self._validated(project, dict(body))
+        self._check("compute.networks.updatePolicy", rule["network"].removeprefix(LINK))
+        if (project, name) in self.firewalls:
+            raise ApiError(409, "alreadyExists", f"The resource '{resource}' already exists")
+        rule.update(
+            kind="compute#firewall",
+            id=str(next(self.ids)),
+            creationTimestamp=now(),
+            selfLink=f"{LINK}{resource}",
+        )
+
+        def apply():
+            self.firewalls[(project, name)] = rule
+
+        return self._operation(project, "insert", rule, apply)
+
+    def _patch(self, project, name, body):
+        resource = f"projects/{project}/global/firewalls/{name}"
+        current = self._existing(project, name)
+        self._check("compute.firewalls.update", resource)
+        merged = copy.deepcopy(current)
+        for key, value in (body or {}).items():
+            if key in ("kind", "id", "creationTimestamp", "selfLink"):
+                continue
+            if value is None:
+                merged.pop(key, None)
+            else:
+                merged[key] = value
+        rule = self._validated(project, merged)
+        for field in IMMUTABLE:
+            if rule.get(field) != current.get(field):
+                why = "The field cannot be changed after the rule is created."
+                raise invalid(f"resource.{field}", rule.get(field), why)
+        self._check("compute.networks.updatePolicy", rule["network"].removeprefix(LINK))
+
+        def apply():
+            if (project, name) in self.firewalls:
+                self.firewalls[(project, name)] = rule
+
+        return self._operation(project, "patch", rule, apply)
+
+    def _delete(self, project, name):
+        resource = f"projects/{project}/global/firewalls/{name}"
+        rule = self._existing(project, name)
+        self._check("compute.firewalls.delete", resource)
+        self._check("compute.networks.updatePolicy", rule["network"].removeprefix(LINK))
+
+        def apply():
+            self.firewalls.pop((project, name), None)
+
+        return self._operation(project, "delete", rule, apply)
+
+    def _validated(self, project, rule):
+        """The rule as the API stores it, with its defaults; ApiError(400/404) when invalid."""
+        network = normalize_network(project, rule.get("network") or "global/networks/default")
+        if network is None:
+            raise invalid("resource.network", rule.get("network"), "Invalid network reference.")
+        net_project, net_name = network.removeprefix(LINK + "projects/").split("/global/networks/")
+        if net_name not in self.projects.get(net_project, set()):
+            raise not_found(network.removeprefix(LINK))
+        rule["network"] = network
+        rule.setdefault("description", "")
+        rule.setdefault("priority", 1000)
+        rule.setdefault("direction", "INGRESS")
+        rule.setdefault("disabled", False)
+        rule.setdefault("logConfig", {"enable": False})
+        if not isinstance(rule["priority"], int) or not 0 <= rule["priority"] <= 65535:
+            raise invalid("resource.priority", rule["priority"], "Must be between 0 and 65535.")
+        if rule["direction"] not in ("INGRESS", "EGRESS"):
+            raise invalid("resource.direction", rule["direction"], "Must be INGRESS or EGRESS.")
+        if bool(rule.get("allowed")) == bool(rule.get("denied")):
+            raise invalid(
+                "resource", rule.get("name"), "Exactly one of allowed or denied is required."
+            )
+        for field in ("allowed", "denied"):
+            for index, entry in enumerate(rule.get(field) or []):
+                check_protocol(f"resource.{field}[{index}]", entry)
+        for field in ("sourceRanges", "destinationRanges"):
+            for index, cidr in enumerate(rule.get(field) or []):
+                try:
+                    ipaddress.ip_network(cidr, strict=False)
+                except ValueError:
+                    raise invalid(
+                        f"resource.{field}[{index}]", cidr, "Must be a valid CIDR."
+                    ) from None
+        for field in ("sourceTags", "targetTags"):
+            for index, tag in enumerate(rule.get(field) or []):
+                if not NAME_RE.match(tag):
+                    raise invalid(f"resource.{field}[{index}]", tag, "Must be a valid tag.")
+        sources = ("sourceRanges", "sourceTags", "sourceServiceAccounts")
+        if rule["direction"] == "INGRESS" and not any(rule.get(f) for f in sources):
+            rule["sourceRanges"] = ["0.0.0.0/0"]  # the API's documented default
+        for field in [k for k, v in rule.items() if v in ([], None)]:
+            del rule[field]
+        return rule
+
+    def _operation(self, project, kind, rule, apply):
+        name = f"operation-{next(self.ids)}-{secrets.token_hex(4)}"
+        operation = {
+            "kind": "compute#operation",
+            "id": str(next(self.ids)),
+            "name": name,
+            "operationType": kind,
+            "targetLink": rule["selfLink"],
+            "targetId": rule.get("id", ""),
+            "status": "PENDING",
+            "user": "fake@example.com",
+            "progress": 0,
+            "insertTime": now(),
+            "selfLink": f"{LINK}projects/{project}/global/operations/{name}",
+        }
+        seconds = self.operation_seconds
+        done_at = None if seconds is None else time.monotonic() + seconds
+        self.operations[(project, name)] = [operation, done_at, apply]
+        answer = copy.deepcopy(operation)
+        if done_at is not None and seconds <= 0:
+            self._finish(project, name)
+            answer = copy.deepcopy(self.operations[(project, name)][0])
+            answer["status"] = "RUNNING"  # a fresh operation is never DONE in its first answer
+        return answer
+
+    def _get_operation(self, project, name):
+        self._check("compute.globalOperations.get", f"projects/{project}/global/operations/{name}")
+        entry = self.operations.get((project, name))
+        if entry is None:
+            raise not_found(f"projects/{project}/global/operations/{name}")
+        operation = entry[0]
+        if operation["status"] == "PENDING":
+            operation.update(status="RUNNING", startTime=now(), progress=50)
+        return copy.deepcopy(operation)
+
+    def _finish_due_operations(self):
+        due = [
+            key
+            for key, (op, done_at, _) in self.operations.items()
+            if op["status"] != "DONE" and done_at is not None and time.monotonic() >= done_at
+        ]
+        for project, name in due:
+            self._finish(project, name)
+
+    def _finish(self, project, name):
+        operation, _, apply = self.operations[(project, name)]
+        apply()
+        operation.update(status="DONE", progress=100, endTime=now())
+        operation.setdefault("startTime", operation["endTime"])
+
+    # -- control ----------------------------------------------------------------------------
+
+    def record(self, entry):
+        with self.lock:
+            self.log.append(entry)
+
+    def put_firewall(self, project, name, rule):
+        with self.lock:
+            self.firewalls[(project, name)] = rule
+
+    def snapshot(self):
+        with self.lock:
+            return {f"{p}/{n}": copy.deepcopy(r) for (p, n), r in sorted(self.firewalls.items())}
+
+
+def normalize_network(project, value):
+    """A network reference in any of the API's accepted forms, as its www.googleapis.com link."""
+    value = str(value)
+    for prefix in (
+        "https://www.googleapis.com/compute/v1/",
+        "https://compute.googleapis.com/compute/v1/",
+    ):
+        value = value.removeprefix(prefix)
+    if value.startswith("global/networks/"):
+        value = f"projects/{project}/{value}"
+    if not re.fullmatch(r"projects/[^/]+/global/networks/[^/]+", value):
+        return None
+    return LINK + value
+
+
+def check_protocol(field, entry):
+    protocol = str(entry.get("IPProtocol", "")).lower()
+    if protocol not in PROTOCOLS and not protocol.isdigit():
+        raise invalid(f"{field}.IPProtocol", protocol, "Unknown protocol.")
+    ports = entry.get("ports") or []
+    if ports and protocol not in PORTED:
+        raise invalid(f"{field}.ports", ports, "Ports are only valid for tcp, udp and sctp.")
+    for port in ports:
+        match = re.fullmatch(r"(\d+)(?:-(\d+))?", str(port))
+        low, high = (
+            (int(match.group(1)), int(match.group(2) or match.group(1))) if match else (1, 0)
+        )
+        if not 0 <= low <= high <= 65535:
+            raise invalid(f"{field}.ports", port, "Must be a port or a port range.")
+
+
+def parse_filter(expression):
+    """A predicate for the list filter subset the fake knows; ApiError(400) for anything else."""
+    expression = expression.strip()
+    if not expression:
+        return lambda rule: True
+    regex = re.fullmatch(r'name\s+(eq|ne)\s+"?([^"]*)"?', expression)
+    if regex:
+        pattern, negate = re.compile(regex.group(2)), regex.group(1) == "ne"
+        return lambda rule: bool(pattern.fullmatch(rule["name"])) != negate
+    terms = re.split(r"\s+OR\s+", expression)
+    names = []
+    for term in terms:
+        match = re.fullmatch(r'\(?\s*name\s*=\s*"([^"]*)"\s*\)?', term.strip())
+        if not match:
+            raise invalid("filter", expression, "Invalid list filter expression.")
+        names.append(match.group(1))
+    return lambda rule: rule["name"] in names
+
+
+class Server(ThreadingHTTPServer):
+    daemon_threads = True
+
+    def __init__(self, state_dir, token=None, idle=900.0):
+        import trustme
+
+        self.state_dir = Path(state_dir)
+        self.compute = Compute(token or secrets.token_urlsafe(24))
+        self.idle = idle
+        self.last_request = time.monotonic()
+        ca = trustme.CA()
+        self.ca_path = self.state_dir / "ca.pem"
+        ca.cert_pem.write_to_path(str(self.ca_path))
+        self.tls = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
+        ca.issue_cert(*API_HOSTS).configure_cert(self.tls)
+        super().__init__(("127.0.0.1", 0), ProxyHandler)
+
+    def client_info(self):
+        proxy = f"http://127.0.0.1:{self.server_address[1]}"
+        env = {
+            "HTTPS_PROXY": proxy,
+            "https_proxy": proxy,
+            "NO_PROXY": "",
+            "no_proxy": "",
+            "REQUESTS_CA_BUNDLE": str(self.ca_path),
+        }
+        return {
+            "proxy": proxy,
+            "control": f"{proxy}/_fake",
+            "ca": str(self.ca_path),
+            "token": self.compute.token,
+            "project": next(iter(DEFAULT_PROJECTS)),
+            "pid": os.getpid(),
+            "env": env,
+        }
+
+    def watch_idle(self):
+        while time.monotonic() - self.last_request < self.idle:
+            time.sleep(min(1.0, self.idle))
+        self.shutdown()
+
+
+class Handler(BaseHTTPRequestHandler):
+    protocol_version = "HTTP/1.1"
+    timeout = 30
+
+    def log_message(self, *args):
+        pass
+
+    def answer(self, status, payload):
+        data = json.dumps(payload).encode()
+        self.send_response(status)
+        self.send_header("Content-Type", "application/json; charset=UTF-8")
+        self.send_header("Content-Length", str(len(data)))
+        self.end_headers()
+        self.wfile.write(data)
+
+    def body(self):
+        length = int(self.headers.get("Content-Length") or 0)
+        raw = self.rfile.read(length) if length else b""
+        if not raw:
+            return None
+        try:
+            return json.loads(raw)
+        except ValueError:
+            return raw.decode(errors="replace")
+
+
+class ApiHandler(Handler):
+    """Requests inside a CONNECT tunnel, after TLS: the Compute Engine API."""
+
+    def handle_one_request(self):
+        self.server.last_request = time.monotonic()
+        super().handle_one_request()
+
+    def serve(self):
+        url = urlsplit(self.path)
+        body = self.body()
+        compute = self.server.compute
+        if isinstance(body, str):
+            status, payload = 400, ApiError(400, "parseError", "Parse Error").body()
+        else:
+            headers = {"Authorization": self.headers.get("Authorization", "")}
+            status, payload = compute.handle(
+                self.command, url.path, parse_qs(url.query), headers, body
+            )
+        operation = payload.get("status") if payload.get("kind") == "compute#operation" else None
+        compute.record(
+            {
+                "time": time.time(),
+                "method": self.command,
+                "host": self.headers.get("Host", "").split(":")[0],
+                "path": url.path,
+                "query": parse_qs(url.query),
+                "body": body,
+                "status": status,
+                "operation": operation,
+                "token_ok": status != 401,
+            }
+        )
+        self.answer(status, payload)
+
+    do_GET = do_POST = do_PATCH = do_DELETE = do_PUT = serve
+
+
+class ProxyHandler(Handler):
+    """The proxy: CONNECT to the API hosts is served here; the control API; nothing forwarded."""
+
+    def handle_one_request(self):
+        self.server.last_request = time.monotonic()
+        super().handle_one_request()
+
+    def refuse(self, target):
+        self.server.compute.record(
+            {
+                "time": time.time(),
+                "method": self.command,
+                "host": target,
+                "path": self.path,
+                "refused": True,
+                "status": 403,
+            }
+        )
+        self.answer(403, {"error": f"the fake proxy serves only {', '.join(API_HOSTS)}"})
+
+    def do_CONNECT(self):
+        host, _, port = self.path.partition(":")
+        if host not in API_HOSTS or port != "443":
+            self.close_connection = True
+            return self.refuse(self.path)
+        self.send_response(200, "Connection established")
+        self.end_headers()
+        self.wfile.flush()
+        try:
+            tls = self.server.tls.wrap_socket(self.connection, server_side=True)
+        except (ssl.SSLError, OSError):
+            self.close_connection = True
+            return None
+        try:
+            ApiHandler(tls, self.client_address, self.server)
+        except OSError:
+            pass  # the client went away
+        finally:
+            tls.close()
+        self.close_connection = True
+        return None
+
+    def control(self):
+        url = urlsplit(self.path)
+        if url.scheme or not url.path.startswith("/_fake/"):
+            self.close_connection = True
+            return self.refuse(self.path)  # a plain proxy request: never forwarded
+        compute, parts = self.server.compute, url.path.split("/")[2:]
+        body = self.body() or {}
+        route = (self.command, parts[0] if parts else "")
+        if route == ("GET", "requests"):
+            with compute.lock:
+                return self.answer(200, list(compute.log))
+        if route == ("DELETE", "requests"):
+            with compute.lock:
+                compute.log.clear()
+            return self.answer(200, {})
+        if route == ("POST", "reset"):
+            compute.reset()
+            return self.answer(200, {})
+        if route == ("POST", "config"):
+            compute.configure(body)
+            return self.answer(200, {})
+        if route == ("GET", "firewalls"):
+            return self.answer(200, compute.snapshot())
+        if route == ("PUT", "firewalls") and len(parts) == 3:
+            compute.put_firewall(unquote(parts[1]), unquote(parts[2]), body)
+            return self.answer(200, {})
+        return self.answer(404, {"error": f"no control route {self.command} {url.path}"})
+
+    do_GET = do_POST = do_PATCH = do_DELETE = do_PUT = control
+
+
+# -- the daemon ------------------------------------------------------------------------------
+
+
+def serve(state_dir, idle):
+    state_dir.mkdir(parents=True, exist_ok=True)
+    server = Server(state_dir, idle=idle)
+    signal.signal(signal.SIGTERM, lambda *_: threading.Thread(target=server.shutdown).start())
+    threading.Thread(target=server.watch_idle, daemon=True).start()
+    info = server.client_info()
+    tmp = state_dir / "client.json.tmp"
+    tmp.write_text(json.dumps(info, indent=2))
+    tmp.replace(state_dir / "client.json")
+    try:
+        server.serve_forever(poll_interval=0.2)
+    finally:
+        server.server_close()
+        (state_dir / "client.json").unlink(missing_ok=True)
+
+
+def start(state_dir, idle, wait=10.0):
+    state_dir.mkdir(parents=True, exist_ok=True)
+    client = state_dir / "client.json"
+    client.unlink(missing_ok=True)
+    if os.fork() == 0:
+        os.setsid()
+        if os.fork() != 0:
+            os._exit(0)
+        log = os.open(state_dir / "fake.log", os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600)
+        null = os.open(os.devnull, os.O_RDONLY)
+        os.dup2(null, 0)
+        os.dup2(log, 1)
+        os.dup2(log, 2)
+        os.closerange(3, 1024)
+        os.chdir("/")
+        try:
+            serve(state_dir, idle)
+        finally:
+            os._exit(0)
+    os.wait()
+    deadline = time.monotonic() + wait
+    while not client.exists():
+        if time.monotonic() > deadline:
+            sys.exit(f"the fake did not start within {wait} s; see {state_dir / 'fake.log'}")
+        time.sleep(0.05)
+    print(client.read_text())
+
+
+def is_fake(pid):
+    try:
+        return Path(__file__).name in Path(f"/proc/{pid}/cmdline").read_text()
+    except OSError:
+        return False
+
+
+def stop(state_dir, wait=5.0):
+    client = state_dir / "client.json"
+    if not client.exists():
+        return
+    pid = json.loads(client.read_text())["pid"]
+    if is_fake(pid):
+        os.kill(pid, signal.SIGTERM)
+        deadline = time.monotonic() + wait
+        while is_fake(pid) and time.monotonic() < deadline:
+            time.sleep(0.05)
+        if is_fake(pid):
+            os.kill(pid, signal.SIGKILL)
+    client.unlink(missing_ok=True)
+
+
+def main():
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("action", choices=["start", "stop", "serve"])
+    parser.add_argument("--state", required=True, type=Path)
+    parser.add_argument("--idle", type=float, default=900.0, help="exit after so long unused")
+    args = parser.parse_args()
+    if args.action == "start":
+        start(args.state, args.idle)
+    elif args.action == "stop":
+        stop(args.state)
+    else:
+        serve(args.state, args.idle)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,69 @@
+"""bounded_python.py (role gcp_firewall): the deadline the role puts on google.cloud modules."""
+
+import json
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+RUNNER = (
+    Path(__file__).resolve().parents[2] / "roles" / "gcp_firewall" / "files" / "bounded_python.py"
+)
+
+
+def run(args, deadline, stdin=""):
+    env = dict(os.environ, GCP_FIREWALL_DEADLINE=str(deadline))
+    return subprocess.run(
+        [sys.executable, str(RUNNER), *args],
+        input=stdin,
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=60,
+        check=False,
+    )
+
+
+def alive(pid):
+    try:
+        state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+    except OSError:
+        return False
+    return state != "Z"
+
+
+def test_a_module_that_finishes_passes_through():
+    done = run(["-c", "import sys; print('{\"changed\": true}'); sys.exit(3)"], 30)
+    assert done.returncode == 3
+    assert done.stdout == '{"changed": true}\n'
+
+
+def test_the_module_comes_on_stdin_with_pipelining():
+    done = run(["-"], 30, stdin="print(6 * 7)\n")
+    assert done.returncode == 0
+    assert done.stdout == "42\n"
+
+
+def test_the_deadline_stops_the_module_and_what_it_started(tmp_path):
+    pids = tmp_path / "pids"
+    program = (
+        "import os, subprocess, sys, time\n"
+        "child = subprocess.Popen([sys.executable, '-c', 'import time; time.sleep(60)'])\n"
+        f"open({str(pids)!r}, 'w').write('%d %d' % (os.getpid(), child.pid))\n"
+        "time.sleep(60)\n"
+    )
+    started = time.monotonic()
+    done = run(["-c", program], 1.5)
+    assert time.monotonic() - started < 15
+    assert done.returncode == 1
+    result = json.loads(done.stdout.strip().splitlines()[-1])
+    assert result["failed"] is True
+    assert result["deadline_exceeded"] is True
+    assert result["msg"] == "The module did not finish within 1.5 s and was stopped."
+    module, grandchild = (int(p) for p in pids.read_text().split())
+    deadline = time.monotonic() + 5
+    while (alive(module) or alive(grandchild)) and time.monotonic() < deadline:
+        time.sleep(0.1)
+    assert not alive(module)
+    assert not alive(grandchild)

@@ -1,0 +1,416 @@
+"""The gcp_firewall role's logic: the plan and its refusals, drift, and the failure messages.
+
+Drift is also checked against google.cloud's own gcp_compute_firewall.is_different, so that the
+role's "update" (the module PATCHes) and "narrow" (it would not) follow the real module.
+"""
+
+import copy
+
+import pytest
+from ansible_collections.google.cloud.plugins.modules import gcp_compute_firewall
+from ansible_collections.hostnet.llamafactory.plugins.module_utils import gcp_firewall as fw
+
+BASE = {
+    "cluster": "llamafactory",
+    "project": "hlf-test",
+    "network": "default",
+    "nodes": {"trainer-1": "10.128.0.6", "trainer-0": "10.128.0.5"},
+}
+
+
+def settings(**changes):
+    return dict(copy.deepcopy(BASE), **changes)
+
+
+def rule(planned, role):
+    return next(r for r in planned["rules"] if r["role"] == role)
+
+
+def created(want, **changes):
+    """The resource GCE holds after creating `want`, with changes."""
+    resource = dict(
+        copy.deepcopy(want), kind="compute#firewall", id="1", logConfig={"enable": False}
+    )
+    resource.update(changes)
+    return resource
+
+
+# -- plan ---------------------------------------------------------------------------------------
+
+
+def test_default_plan_allows_everything_between_the_nodes_only():
+    planned = fw.plan(settings())
+    nodes = rule(planned, "nodes")
+    assert nodes["name"] == "llamafactory-nodes"
+    assert nodes["params"] == {
+        "name": "llamafactory-nodes",
+        "description": "hostnet.llamafactory cluster llamafactory: all TCP/UDP and ICMP between "
+        "its training nodes (role gcp_firewall)",
+        "direction": "INGRESS",
+        "priority": 1000,
+        "network": {"selfLink": "global/networks/default"},
+        "allowed": [
+            {"ip_protocol": "tcp", "ports": ["0-65535"]},
+            {"ip_protocol": "udp", "ports": ["0-65535"]},
+            {"ip_protocol": "icmp"},
+        ],
+        "source_ranges": ["10.128.0.5/32", "10.128.0.6/32"],
+        "disabled": False,
+    }
+    assert nodes["want"]["network"] == (
+        "https://www.googleapis.com/compute/v1/projects/hlf-test/global/networks/default"
+    )
+    assert nodes["want"]["sourceRanges"] == ["10.128.0.5/32", "10.128.0.6/32"]
+    assert rule(planned, "ssh") == {"name": "llamafactory-ssh", "role": "ssh", "state": "absent"}
+
+
+def test_ssh_rule_from_admin_ranges():
+    planned = fw.plan(settings(ssh_source_ranges=["203.0.113.7/24"], target_tags=["gpu"]))
+    ssh = rule(planned, "ssh")
+    assert ssh["state"] == "present"
+    assert ssh["params"]["allowed"] == [{"ip_protocol": "tcp", "ports": ["22"]}]
+    assert ssh["params"]["source_ranges"] == ["203.0.113.0/24"]
+    assert ssh["params"]["target_tags"] == ["gpu"]
+    assert rule(planned, "nodes")["params"]["target_tags"] == ["gpu"]
+
+
+def test_tag_and_ranges_sources():
+    tag = rule(fw.plan(settings(source="tag")), "nodes")["params"]
+    assert tag["source_tags"] == tag["target_tags"] == ["llamafactory"]
+    assert "source_ranges" not in tag
+    ranges = fw.plan(
+        settings(source="ranges", ranges=["10.0.1.0/24", "10.0.0.0/24", "10.0.1.0/24"])
+    )
+    assert rule(ranges, "nodes")["params"]["source_ranges"] == ["10.0.0.0/24", "10.0.1.0/24"]
+
+
+def test_absent_plans_both_names():
+    planned = fw.plan(settings(state="absent", nodes={}))
+    assert [(r["name"], r["state"]) for r in planned["rules"]] == [
+        ("llamafactory-nodes", "absent"),
+        ("llamafactory-ssh", "absent"),
+    ]
+
+
+@pytest.mark.parametrize(
+    ("changes", "message"),
+    [
+        (
+            {"ssh_source_ranges": ["0.0.0.0/0"]},
+            "gcp_firewall_ssh_source_ranges contains 0.0.0.0/0: refused",
+        ),
+        ({"ssh_source_ranges": ["::/0"]}, "contains ::/0: refused"),
+        ({"ssh_source_ranges": ["8.8.8.8/0"]}, "contains 8.8.8.8/0: refused"),
+        ({"ssh_source_ranges": ["10.0.0.0/8", "2001:db8::/32"]}, "mixes IPv4 and IPv6"),
+        ({"ssh_source_ranges": ["nonsense"]}, "is not an address range"),
+        ({"source": "ranges", "ranges": ["0.0.0.0/0"]}, "MASTER_PORT 29500 included"),
+        (
+            {"source": "ranges", "ranges": ["10.0.0.0/8", "203.0.113.0/24"]},
+            "not a private IPv4 range",
+        ),
+        ({"source": "ranges", "ranges": []}, "gcp_firewall_ranges is empty"),
+        ({"source": "tag", "target_tags": ["x"]}, "gcp_firewall_target_tags is for"),
+        ({"master_port": 22, "ssh_source_ranges": ["203.0.113.0/24"]}, "the SSH port"),
+        ({"master_port": 70000}, "llamafactory_master_port is 70000"),
+        ({"nodes": {"trainer-0": "10.128.0.5", "trainer-1": None}}, "of trainer-1 is not known"),
+        ({"nodes": {"trainer-0": "34.1.2.3"}}, "34.1.2.3, not a private address"),
+        ({"nodes": {"trainer-0": "fe80::1"}}, "not an IPv4 address"),
+        ({"nodes": {}}, "no training nodes"),
+        ({"project": ""}, "gcp_firewall_project is not set"),
+        ({"project": "My Project"}, "not a GCP project ID"),
+        ({"cluster": "Bad_Name"}, "gcp_firewall_cluster_name is 'Bad_Name'"),
+        ({"cluster": "x" * 58}, "at most 57 characters"),
+        ({"network": "projects/p/global/networks/n"}, "gcp_firewall_network is"),
+        ({"priority": 70000}, "gcp_firewall_priority is 70000"),
+        ({"source": "everyone"}, "gcp_firewall_source is 'everyone'"),
+        ({"state": "gone"}, "gcp_firewall_state is 'gone'"),
+    ],
+)
+def test_plan_refuses(changes, message):
+    with pytest.raises(fw.FirewallError, match=None) as error:
+        fw.plan(settings(**changes))
+    assert message in str(error.value)
+
+
+def test_ansible_strings_and_numbers_are_accepted():
+    planned = fw.plan(settings(priority="900", master_port="29500", ssh_source_ranges=None))
+    assert planned["priority"] == 900
+
+
+# -- drift --------------------------------------------------------------------------------------
+
+
+class FakeModule:
+    """What gcp_compute_firewall.is_different reads of a module: its params."""
+
+    def __init__(self, params, project):
+        self.params = dict(params, project=project, state="present")
+        for option in ("denied", "destination_ranges", "log_config", "source_service_accounts"):
+            self.params.setdefault(option, None)
+        for option in ("target_service_accounts", "source_ranges", "source_tags", "target_tags"):
+            self.params.setdefault(option, None)
+
+
+def module_would_patch(planned_rule, resource):
+    module = FakeModule(planned_rule["params"], "hlf-test")
+    return gcp_compute_firewall.is_different(module, resource)
+
+
+NODES = rule(fw.plan(settings(ssh_source_ranges=["203.0.113.0/24"])), "nodes")
+
+CASES = [
+    ("same", {}, "none"),
+    ("range replaced", {"sourceRanges": ["10.128.0.5/32", "10.128.0.9/32"]}, "update"),
+    ("range missing", {"sourceRanges": ["10.128.0.5/32"]}, "update"),
+    ("range added", {"sourceRanges": ["10.128.0.5/32", "10.128.0.6/32", "0.0.0.0/0"]}, "narrow"),
+    ("ranges reordered", {"sourceRanges": ["10.128.0.6/32", "10.128.0.5/32"]}, "none"),
+    ("protocol added", {"allowed": [*NODES["want"]["allowed"], {"IPProtocol": "esp"}]}, "narrow"),
+    (
+        "port added",
+        {
+            "allowed": [
+                {"IPProtocol": "tcp", "ports": ["0-65535", "22"]},
+                *NODES["want"]["allowed"][1:],
+            ]
+        },
+        "narrow",
+    ),
+    ("protocol removed", {"allowed": NODES["want"]["allowed"][:2]}, "update"),
+    (
+        "ports narrowed",
+        {"allowed": [{"IPProtocol": "tcp", "ports": ["29500"]}, *NODES["want"]["allowed"][1:]]},
+        "update",
+    ),
+    ("priority", {"priority": 900}, "update"),
+    ("description", {"description": NODES["want"]["description"] + " (edited)"}, "update"),
+    ("disabled", {"disabled": True}, "update"),
+    ("target tag added", {"targetTags": ["web"]}, "replace"),
+    ("source tag added", {"sourceTags": ["web"]}, "replace"),
+    ("service account", {"sourceServiceAccounts": ["x@p.iam.gserviceaccount.com"]}, "replace"),
+    (
+        "other network",
+        {"network": "https://www.googleapis.com/compute/v1/projects/hlf-test/global/networks/x"},
+        "replace",
+    ),
+    ("egress", {"direction": "EGRESS"}, "replace"),
+]
+
+
+@pytest.mark.parametrize(("name", "changes", "action"), CASES, ids=[c[0] for c in CASES])
+def test_compare(name, changes, action):
+    resource = created(NODES["want"], **changes)
+    got, lines = fw.compare(NODES["want"], resource)
+    assert got == action, lines
+    assert bool(lines) == (action != "none")
+    if action in ("update", "narrow"):
+        # the role's update/narrow split is exactly the module's own view
+        assert module_would_patch(NODES, resource) == (action == "update")
+    if action == "none":
+        assert not module_would_patch(NODES, resource)
+
+
+def test_same_ranges_spelled_differently_are_no_change():
+    # The module compares text and would rewrite this rule once; the role sees the same ranges.
+    resource = created(NODES["want"], sourceRanges=["10.128.0.5", "10.128.0.6/32"])
+    assert fw.compare(NODES["want"], resource) == ("none", [])
+
+
+def test_compare_lines_are_readable():
+    resource = created(NODES["want"], sourceRanges=["10.128.0.5/32", "0.0.0.0/0"], priority=900)
+    _, lines = fw.compare(NODES["want"], resource)
+    assert "sourceRanges: add 10.128.0.6/32; remove 0.0.0.0/0" in lines
+    assert "priority: 900, wanted 1000" in lines
+
+
+def test_drift_actions_and_ownership():
+    planned = fw.plan(settings(ssh_source_ranges=["203.0.113.0/24"]))
+    ssh = rule(planned, "ssh")
+    result = fw.drift(planned, [created(NODES["want"]), created(ssh["want"], priority=10)])
+    assert [(r["name"], r["action"]) for r in result["rules"]] == [
+        ("llamafactory-nodes", "none"),
+        ("llamafactory-ssh", "update"),
+    ]
+    assert result["changed"] and result["foreign"] == []
+
+    assert fw.drift(planned, [])["rules"][0]["action"] == "create"
+    assert not fw.drift(planned, [created(NODES["want"]), created(ssh["want"])])["changed"]
+
+    hand_made = created(NODES["want"], description="someone's rule")
+    result = fw.drift(planned, [hand_made])
+    assert result["foreign"] == ["llamafactory-nodes"]
+    assert result["rules"][0]["action"] == "foreign"
+
+    # another cluster's mark is not ours either
+    other = created(NODES["want"], description=fw.description("llamafactory-2", "nodes"))
+    assert fw.drift(planned, [other])["foreign"] == ["llamafactory-nodes"]
+
+
+def test_drift_absent_deletes_only_marked_rules():
+    planned = fw.plan(settings(state="absent"))
+    ours = created(NODES["want"])
+    theirs = created(NODES["want"], name="llamafactory-ssh", description="by hand")
+    result = fw.drift(planned, [ours, theirs])
+    assert [(r["name"], r["action"]) for r in result["rules"]] == [
+        ("llamafactory-nodes", "delete"),
+        ("llamafactory-ssh", "foreign"),
+    ]
+    assert not fw.drift(planned, [])["changed"]
+
+
+# -- errors -------------------------------------------------------------------------------------
+
+CONTEXT = {
+    "project": "hlf-test",
+    "network": "default",
+    "call": "present",
+    "auth_kind": "application",
+    "deadline": 300,
+    "python": "/usr/bin/python3",
+    "rule": "the firewall rule llamafactory-nodes",
+}
+URL = "https://compute.googleapis.com/compute/v1/projects/hlf-test/global/firewalls"
+
+
+def google(code, reason, message, method="POST", url=URL):
+    """A result as GcpModule.raise_for_status makes it."""
+    body = {
+        "error": {
+            "code": code,
+            "message": message,
+            "errors": [{"message": message, "domain": "global", "reason": reason}],
+        }
+    }
+    return {
+        "failed": True,
+        "msg": f"GCP returned error: {body}",  # the module's own wording
+        "request": {"url": url, "method": method, "body": None},
+    }
+
+
+def test_permission_from_googles_message():
+    result = google(
+        403,
+        "forbidden",
+        "Required 'compute.firewalls.create' permission for 'projects/hlf-test/global/firewalls/x'",
+    )
+    message = fw.explain(result, CONTEXT)
+    assert message.startswith(
+        "Permission denied: the credentials (gcp_firewall_auth_kind=application) lack "
+        "compute.firewalls.create in project hlf-test"
+    )
+    assert "roles/compute.securityAdmin" in message
+
+
+@pytest.mark.parametrize(
+    ("method", "url", "permission"),
+    [
+        ("GET", URL, "compute.firewalls.list"),
+        ("GET", URL + "?filter=x", "compute.firewalls.list"),
+        ("POST", URL, "compute.firewalls.create"),
+        ("GET", URL + "/a", "compute.firewalls.get"),
+        ("PATCH", URL + "/a", "compute.firewalls.update"),
+        ("DELETE", URL + "/a", "compute.firewalls.delete"),
+        ("GET", URL.replace("firewalls", "operations/op-1"), "compute.globalOperations.get"),
+    ],
+)
+def test_permission_from_the_call(method, url, permission):
+    result = google(403, "forbidden", "The caller does not have permission", method, url)
+    assert f"lack {permission} in project" in fw.explain(result, CONTEXT)
+
+
+def test_api_not_enabled():
+    result = google(
+        403,
+        "accessNotConfigured",
+        "Compute Engine API has not been used in project 1 before or it is disabled.",
+    )
+    assert "The Compute Engine API is not enabled in project hlf-test" in fw.explain(
+        result, CONTEXT
+    )
+
+
+def test_not_found_project_network_and_other():
+    project = google(404, "notFound", "The resource 'projects/hlf-gone' was not found")
+    assert fw.explain(project, CONTEXT).startswith("Project hlf-gone was not found")
+    network = google(
+        404, "notFound", "The resource 'projects/hlf-test/global/networks/n1' was not found"
+    )
+    assert (
+        "The VPC network n1 (gcp_firewall_network=default) was not found in project hlf-test"
+        in fw.explain(network, CONTEXT)
+    )
+    other = google(
+        404, "notFound", "The resource 'projects/hlf-test/global/operations/x' was not found"
+    )
+    assert "answered 404" in fw.explain(other, CONTEXT)
+
+
+def test_list_crash_on_missing_project():
+    # gcp_compute_firewall_info's list call answers 404 and the module crashes on None.get
+    result = {
+        "failed": True,
+        "msg": "Task failed: Module failed: 'NoneType' object has no attribute 'get'",
+    }
+    assert fw.explain(result, dict(CONTEXT, call="list")).startswith(
+        "Project hlf-test was not found"
+    )
+    assert not fw.explain(result, CONTEXT).startswith("Project")
+
+
+def test_other_google_errors():
+    assert "already exists" in fw.explain(
+        google(409, "alreadyExists", "The resource 'x' already exists"), CONTEXT
+    )
+    assert "rejected the credentials" in fw.explain(
+        google(401, "authError", "Invalid Credentials"), CONTEXT
+    )
+    assert "refused the firewall rule llamafactory-nodes as invalid: bad" in fw.explain(
+        google(400, "invalid", "bad"), CONTEXT
+    )
+    assert "answered HTTP 503" in fw.explain(google(503, "backendError", "later"), CONTEXT)
+
+
+def test_deadline_and_loop_results():
+    item = {
+        "failed": True,
+        "deadline_exceeded": True,
+        "msg": "stopped",
+        "item": {"name": "llamafactory-ssh"},
+    }
+    loop = {
+        "failed": True,
+        "msg": "One or more items failed",
+        "results": [{"failed": False, "item": {"name": "a"}}, item],
+    }
+    context = dict(CONTEXT, rule=None, deadline=4)
+    assert fw.explain(loop, context) == (
+        "Compute Engine did not finish writing the firewall rule llamafactory-ssh within "
+        "gcp_firewall_operation_timeout (4 s), and the module was stopped. GCP may still complete "
+        "the operation: run the role again to converge, or raise gcp_firewall_operation_timeout."
+    )
+    deleting = fw.explain(item, dict(context, call="absent", rule="the firewall rule x"))
+    assert deleting.startswith("Compute Engine did not finish deleting the firewall rule x")
+
+
+def test_controller_problems():
+    missing = {"failed": True, "msg": "Please install the google-auth library"}
+    assert "pip install google-auth requests" in fw.explain(missing, CONTEXT)
+    adc = {
+        "failed": True,
+        "msg": "MODULE FAILURE",
+        "module_stderr": "google.auth.exceptions.DefaultCredentialsError: Your default "
+        "credentials were not found.",
+    }
+    assert "gcloud auth application-default login" in fw.explain(adc, CONTEXT)
+    offline = {
+        "failed": True,
+        "msg": "MODULE FAILURE",
+        "module_stderr": "requests.exceptions.ProxyError: Unable to connect to proxy\n",
+    }
+    assert "could not reach the Compute Engine API" in fw.explain(offline, CONTEXT)
+    odd = {"failed": True, "msg": "something else"}
+    assert (
+        fw.explain(odd, CONTEXT)
+        == "google.cloud's module failed while writing the firewall rule llamafactory-nodes: "
+        "something else"
+    )
