@@ -48,9 +48,10 @@ def test_the_module_comes_on_stdin_with_pipelining():
 def test_the_deadline_stops_the_module_and_what_it_started(tmp_path):
     pids = tmp_path / "pids"
     program = (
-        "import os, subprocess, sys, time\n"
+        "import os, subprocess, sys, tempfile, time\n"
         "child = subprocess.Popen([sys.executable, '-c', 'import time; time.sleep(60)'])\n"
-        f"open({str(pids)!r}, 'w').write('%d %d' % (os.getpid(), child.pid))\n"
+        "payload = tempfile.mkdtemp(prefix='ansible_payload_')\n"
+        f"open({str(pids)!r}, 'w').write('%d %d %s' % (os.getpid(), child.pid, payload))\n"
         "time.sleep(60)\n"
     )
     started = time.monotonic()
@@ -61,7 +62,10 @@ def test_the_deadline_stops_the_module_and_what_it_started(tmp_path):
     assert result["failed"] is True
     assert result["deadline_exceeded"] is True
     assert result["msg"] == "The module did not finish within 1.5 s and was stopped."
-    module, grandchild = (int(p) for p in pids.read_text().split())
+    module, grandchild, payload = pids.read_text().split()
+    module, grandchild = int(module), int(grandchild)
+    assert Path(payload).parent.name.startswith("gcp_firewall_module.")
+    assert not Path(payload).exists()  # the module's temporary files went with it
     deadline = time.monotonic() + 5
     while (alive(module) or alive(grandchild)) and time.monotonic() < deadline:
         time.sleep(0.1)

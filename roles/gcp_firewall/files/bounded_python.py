@@ -7,14 +7,17 @@ waiting but leaves the module process running. The role writes this file, behind
 naming the controller's Python, into a private temporary directory and sets it as the tasks'
 ansible_python_interpreter. It runs that Python with the same arguments and stdin in a session of
 its own; after GCP_FIREWALL_DEADLINE seconds it ends the session's processes and prints a module
-result that fails with deadline_exceeded: true.
+result that fails with deadline_exceeded: true. The module gets a temporary directory (TMPDIR) of
+its own, removed at the end: a stopped module cannot remove its unpacked payload itself.
 """
 
 import json
 import os
+import shutil
 import signal
 import subprocess
 import sys
+import tempfile
 
 GRACE = 5.0
 
@@ -35,7 +38,15 @@ def end(child):
 
 def main(argv, environ):
     deadline = float(environ.get("GCP_FIREWALL_DEADLINE") or 300)
-    child = subprocess.Popen([sys.executable, *argv], start_new_session=True)
+    scratch = tempfile.mkdtemp(prefix="gcp_firewall_module.")
+    try:
+        return run(argv, dict(environ, TMPDIR=scratch), deadline)
+    finally:
+        shutil.rmtree(scratch, ignore_errors=True)
+
+
+def run(argv, environ, deadline):
+    child = subprocess.Popen([sys.executable, *argv], env=environ, start_new_session=True)
 
     def interrupted(signum, _frame):
         end(child)
