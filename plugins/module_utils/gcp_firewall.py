@@ -194,7 +194,7 @@ def plan(settings):
     master_port = _int(settings.get("master_port", 29500), "llamafactory_master_port", 1, 65535)
     if state == "absent":
         result["rules"] = [
-            {"name": result["names"][r], "role": r, "state": "absent"} for r, _ in SUFFIXES
+            {"name": result["names"][r], "role": r, "state": "absent"} for r, _suffix in SUFFIXES
         ]
         return result
 
@@ -463,7 +463,7 @@ def _google_error(msg):
 
 def permission_for(method, url):
     """The IAM permission that a Compute Engine firewall call needs."""
-    path = str(url or "").split("?")[0]
+    path = str(url or "").split("?", 1)[0]
     if "/global/operations/" in path:
         return "compute.globalOperations.get"
     if path.rstrip("/").endswith("/global/firewalls"):

@@ -330,14 +330,14 @@ class Compute:
     def _finish_due_operations(self):
         due = [
             key
-            for key, (op, done_at, _) in self.operations.items()
+            for key, (op, done_at, _apply) in self.operations.items()
             if op["status"] != "DONE" and done_at is not None and time.monotonic() >= done_at
         ]
         for project, name in due:
             self._finish(project, name)
 
     def _finish(self, project, name):
-        operation, _, apply = self.operations[(project, name)]
+        operation, _done_at, apply = self.operations[(project, name)]
         apply()
         operation.update(status="DONE", progress=100, endTime=now())
         operation.setdefault("startTime", operation["endTime"])
@@ -533,7 +533,7 @@ class ProxyHandler(Handler):
         self.answer(403, {"error": f"the fake proxy serves only {', '.join(API_HOSTS)}"})
 
     def do_CONNECT(self):
-        host, _, port = self.path.partition(":")
+        host, _colon, port = self.path.partition(":")
         if host not in API_HOSTS or port != "443":
             self.close_connection = True
             return self.refuse(self.path)

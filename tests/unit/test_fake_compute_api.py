@@ -106,7 +106,7 @@ def error(answer):
 def test_google_errors(fake):
     server, session = fake
     wait_done(session, session.post(f"{BASE}/firewalls", json=rule()).json())
-    code, _, reason, message = error(session.post(f"{BASE}/firewalls", json=rule()))
+    code, _code, reason, message = error(session.post(f"{BASE}/firewalls", json=rule()))
     assert (code, reason) == (409, "alreadyExists")
     assert message == "The resource 'projects/hlf-test/global/firewalls/r1' already exists"
     assert error(session.post(f"{BASE}/firewalls", json=rule("Bad_Name")))[:3] == (
@@ -119,7 +119,7 @@ def test_google_errors(fake):
         error(session.patch(f"{BASE}/firewalls/r1", json={"network": "global/networks/hlf-net"}))[0]
         == 400
     )
-    code, _, reason, message = error(
+    code, _code, reason, message = error(
         session.post(f"{BASE}/firewalls", json=rule("r3", network="global/networks/nope"))
     )
     assert (code, reason, message) == (
@@ -130,7 +130,9 @@ def test_google_errors(fake):
     missing = session.get(BASE.replace("hlf-test", "hlf-gone") + "/firewalls")
     assert error(missing)[3] == "The resource 'projects/hlf-gone' was not found"
     server.compute.configure({"deny": ["compute.firewalls.update"]})
-    code, _, reason, message = error(session.patch(f"{BASE}/firewalls/r1", json={"priority": 5}))
+    code, _code, reason, message = error(
+        session.patch(f"{BASE}/firewalls/r1", json={"priority": 5})
+    )
     assert (code, reason) == (403, "forbidden")
     resource = "projects/hlf-test/global/firewalls/r1"
     assert message == f"Required 'compute.firewalls.update' permission for '{resource}'"
@@ -143,7 +145,7 @@ def test_google_errors(fake):
 
 def test_ingress_without_sources_is_open_to_the_world(fake):
     # the real API's default, which makes a missing source so dangerous
-    _, session = fake
+    session = fake[1]
     body = rule("r4")
     del body["sourceRanges"]
     wait_done(session, session.post(f"{BASE}/firewalls", json=body).json())
@@ -151,7 +153,7 @@ def test_ingress_without_sources_is_open_to_the_world(fake):
 
 
 def test_the_proxy_forwards_nothing(fake):
-    server, _ = fake
+    server = fake[0]
     host, port = server.server_address
     for request in (
         ("CONNECT", "example.com:443"),
@@ -171,7 +173,7 @@ def test_the_proxy_forwards_nothing(fake):
 
 
 def test_control_api(fake):
-    server, _ = fake
+    server = fake[0]
     host, port = server.server_address
     connection = http.client.HTTPConnection(host, port, timeout=5)
     connection.request("PUT", "/_fake/firewalls/hlf-test/hand", body=json.dumps({"name": "hand"}))

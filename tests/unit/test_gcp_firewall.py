@@ -217,7 +217,7 @@ def test_same_ranges_spelled_differently_are_no_change():
 
 def test_compare_lines_are_readable():
     resource = created(NODES["want"], sourceRanges=["10.128.0.5/32", "0.0.0.0/0"], priority=900)
-    _, lines = fw.compare(NODES["want"], resource)
+    lines = fw.compare(NODES["want"], resource)[1]
     assert "sourceRanges: add 10.128.0.6/32; remove 0.0.0.0/0" in lines
     assert "priority: 900, wanted 1000" in lines
 

@@ -11,6 +11,7 @@ import json
 import os
 import re
 import subprocess
+import tempfile
 import time
 from pathlib import Path
 from urllib.parse import urlsplit
@@ -84,6 +85,12 @@ def recap_changed(output):
     return sum(int(n) for n in re.findall(r"changed=(\d+)", output))
 
 
+def leftovers():
+    """What the role or a stopped module could leave in the temporary directory."""
+    patterns = ("gcp_firewall.*", "gcp_firewall_module.*", "ansible_google.cloud.*_payload_*")
+    return sorted(str(p) for pattern in patterns for p in Path(tempfile.gettempdir()).glob(pattern))
+
+
 def only_api_hosts():
     entries = log()
     assert not [r for r in entries if r.get("refused")], "something tried to reach another host"
@@ -103,8 +110,10 @@ def fresh(made):
     control("POST", "reset")
     for rule in made.values():
         put(rule)
+    before = leftovers()
     yield made
     only_api_hosts()
+    assert leftovers() == before
 
 
 def test_molecule_steps_created_the_rules_once(made):
