@@ -54,6 +54,12 @@ _value:
       description: Names held by rules that the role did not make.
       type: list
       elements: str
+    summary:
+      description:
+        - "One readable line per rule, for example
+          C(llamafactory-nodes: update (priority: 900, wanted 1000))."
+      type: list
+      elements: str
 """
 
 from ansible_collections.hostnet.llamafactory.plugins.module_utils.gcp_firewall import drift

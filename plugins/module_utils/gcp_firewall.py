@@ -415,6 +415,17 @@ def compare(want, current):
     return ("update" if _module_differs(want, current) else "narrow"), changes
 
 
+LABELS = {
+    "none": "no change",
+    "create": "create",
+    "update": "update",
+    "narrow": "update, in two writes",
+    "replace": "replace (delete, then create)",
+    "delete": "delete",
+    "foreign": "left alone",
+}
+
+
 def drift(planned, resources):
     """What the role would do to each planned rule, given the rules GCE holds (the list call's)."""
     existing = dict((r.get("name"), r) for r in resources or [])
@@ -435,7 +446,13 @@ def drift(planned, resources):
             entry["action"], entry["changes"] = compare(rule["want"], current)
         rules.append(entry)
     changed = any(r["action"] not in ("none", "foreign") for r in rules)
-    return {"rules": rules, "changed": changed, "foreign": foreign}
+    summary = []
+    for entry in rules:
+        line = "%s: %s" % (entry["name"], LABELS[entry["action"]])
+        if entry["changes"] and entry["action"] not in ("create", "delete"):
+            line += " (%s)" % "; ".join(entry["changes"])
+        summary.append(line)
+    return {"rules": rules, "changed": changed, "foreign": foreign, "summary": summary}
 
 
 # -- errors -----------------------------------------------------------------------------------

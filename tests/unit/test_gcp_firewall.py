@@ -231,6 +231,10 @@ def test_drift_actions_and_ownership():
         ("llamafactory-ssh", "update"),
     ]
     assert result["changed"] and result["foreign"] == []
+    assert result["summary"] == [
+        "llamafactory-nodes: no change",
+        "llamafactory-ssh: update (priority: 10, wanted 1000)",
+    ]
 
     assert fw.drift(planned, [])["rules"][0]["action"] == "create"
     assert not fw.drift(planned, [created(NODES["want"]), created(ssh["want"])])["changed"]

@@ -192,8 +192,8 @@ def test_check_mode_reports_drift_and_writes_nothing(fresh):
     control("DELETE", "requests")
     rc, output = play(check=True)
     assert rc == 0, output
-    assert "llamafactory-nodes: update: sourceRanges: add 10.128.0.6/32" in output
-    assert "llamafactory-ssh: none" in output
+    assert "llamafactory-nodes: update (sourceRanges: add 10.128.0.6/32)" in output
+    assert "llamafactory-ssh: no change" in output
     assert recap_changed(output) == 1
     assert writes() == []
     assert [r["method"] for r in log()] == ["GET"]
@@ -256,7 +256,7 @@ def test_rule_of_its_name_made_by_someone_else_is_left_alone(fresh):
     put(other)
     rc, output = play(gcp_firewall_state="absent")
     assert rc == 0, output
-    assert "llamafactory-nodes: foreign" in output
+    assert "llamafactory-nodes: left alone (not made by this role" in output
     rc, output = play()
     assert rc != 0
     assert "lacks the mark of cluster llamafactory" in output
