@@ -60,7 +60,7 @@ def put(rule):
     control("PUT", f"firewalls/{PROJECT}/{rule['name']}", rule)
 
 
-def play(check=False, **extra):
+def play(check=False, verbose=False, **extra):
     """Run converge.yml; returns (rc, output). The access token must never show in the output."""
     command = [
         "ansible-playbook",
@@ -70,6 +70,8 @@ def play(check=False, **extra):
     ]
     if check:
         command.append("--check")
+    if verbose:
+        command.append("-vvv")  # shows every module's arguments
     if extra:
         command += ["-e", json.dumps(extra)]
     env = dict(os.environ, ANSIBLE_NOCOLOR="1", ANSIBLE_FORCE_COLOR="0")
@@ -148,6 +150,15 @@ def test_rerun_changes_nothing(fresh):
     assert recap_changed(output) == 0
     assert [(r["method"], r["path"].rsplit("/", 1)[-1]) for r in log()] == [("GET", "firewalls")]
     assert rules() == fresh
+
+
+def test_the_access_token_is_never_shown(fresh):
+    fresh_rule = copy.deepcopy(fresh[NODES])
+    put(dict(fresh_rule, priority=5))
+    rc, output = play(verbose=True)  # play() fails if the token shows
+    assert rc == 0, output
+    assert "VALUE_SPECIFIED_IN_NO_LOG_PARAMETER" in output
+    assert writes() == [("PATCH", NODES, 200)]
 
 
 def test_drift_is_corrected_with_one_patch(fresh):
