@@ -593,6 +593,13 @@ def explain(result, context):
             "application-default login, or set gcp_firewall_auth_kind to serviceaccount (with "
             "gcp_firewall_service_account_file) or accesstoken (with gcp_firewall_access_token)."
         )
+    if "necessary fields need to refresh the access token" in both or "RefreshError" in both:
+        # google-auth got 401 and cannot refresh: an expired or wrong token, revoked credentials
+        return (
+            "Compute Engine rejected the credentials (gcp_firewall_auth_kind=%s) and they cannot "
+            "be refreshed: renew gcp_firewall_access_token (gcloud auth print-access-token) or "
+            "check the credentials. %s" % (context.get("auth_kind"), text)
+        )
     if "Unable to read service_account_file" in both:
         return "%s: check gcp_firewall_service_account_file." % text
     if re.search(

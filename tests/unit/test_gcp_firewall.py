@@ -412,6 +412,13 @@ def test_controller_problems():
         "module_stderr": "requests.exceptions.ProxyError: Unable to connect to proxy\n",
     }
     assert "could not reach the Compute Engine API" in fw.explain(offline, CONTEXT)
+    expired = {
+        "failed": True,
+        "msg": "Task failed: Module failed: The credentials do not contain the necessary fields "
+        "need to refresh the access token. You must specify refresh_token, token_uri, client_id, "
+        "and client_secret.",
+    }
+    assert "cannot be refreshed: renew gcp_firewall_access_token" in fw.explain(expired, CONTEXT)
     odd = {"failed": True, "msg": "something else"}
     assert (
         fw.explain(odd, CONTEXT)

@@ -297,6 +297,16 @@ def test_permission_denied_on_read(fresh):
     assert [(r["method"], r["status"]) for r in log()] == [("GET", 403)]
 
 
+def test_rejected_token(fresh):
+    rc, output = play(gcp_firewall_access_token=CLIENT["token"][::-1])
+    assert rc != 0
+    assert (
+        "rejected the credentials (gcp_firewall_auth_kind=accesstoken) and they cannot be" in output
+    )
+    assert [(r["method"], r["status"]) for r in control("GET", "requests")] == [("GET", 401)]
+    control("DELETE", "requests")  # the teardown's check is for the real token
+
+
 def test_missing_network(fresh):
     control("POST", "reset")
     rc, output = play(gcp_firewall_network="no-such-net", gcp_firewall_ssh_source_ranges=[])
