@@ -51,11 +51,14 @@ CGROUP_DRIVERS = ("cgroupfs", "systemd")
 
 def _cidr(value, with_host):
     try:
-        network = ipaddress.ip_interface(u"%s" % value)
+        network = ipaddress.ip_interface("%s" % value)
     except ValueError:
         return False
-    return "/" in value and network.version == 4 and (
-        with_host or network.ip == network.network.network_address)
+    return (
+        "/" in value
+        and network.version == 4
+        and (with_host or network.ip == network.network.network_address)
+    )
 
 
 def _check_key(key, value):
@@ -66,35 +69,47 @@ def _check_key(key, value):
         if not isinstance(value, list) or not value:
             return "must be a non-empty list of {base: CIDR, size: prefix length}"
         for pool in value:
-            if not (isinstance(pool, dict) and _cidr(pool.get("base", ""), False)
-                    and isinstance(pool.get("size"), int) and 8 <= pool["size"] <= 30):
-                return ("each pool needs base (an IPv4 network, e.g. 172.30.0.0/16) and size "
-                        "(an integer prefix length 8..30), got %r" % (pool,))
+            if not (
+                isinstance(pool, dict)
+                and _cidr(pool.get("base", ""), False)
+                and isinstance(pool.get("size"), int)
+                and 8 <= pool["size"] <= 30
+            ):
+                return (
+                    "each pool needs base (an IPv4 network, e.g. 172.30.0.0/16) and size "
+                    "(an integer prefix length 8..30), got %r" % (pool,)
+                )
     if key == "exec-opts":
         if not (isinstance(value, list) and all(isinstance(v, string_types) for v in value)):
             return "must be a list of strings"
         for opt in value:
-            if opt.startswith("native.cgroupdriver=") and \
-                    opt.split("=", 1)[1] not in CGROUP_DRIVERS:
+            if (
+                opt.startswith("native.cgroupdriver=")
+                and opt.split("=", 1)[1] not in CGROUP_DRIVERS
+            ):
                 return "native.cgroupdriver must be one of %s" % ", ".join(CGROUP_DRIVERS)
     if key == "log-driver" and not isinstance(value, string_types):
         return "must be a string"
     if key == "log-opts":
-        if not isinstance(value, dict) or \
-                not all(isinstance(v, string_types) for v in value.values()):
+        if not isinstance(value, dict) or not all(
+            isinstance(v, string_types) for v in value.values()
+        ):
             return "must be a mapping of strings (Docker rejects numbers here)"
         if "max-size" in value and not SIZE.match(value["max-size"]):
             return "max-size must look like 100m"
         if "max-file" in value and not value["max-file"].isdigit():
-            return "max-file must be a number given as a string, e.g. \"3\""
+            return 'max-file must be a number given as a string, e.g. "3"'
     if key == "data-root" and not (isinstance(value, string_types) and value.startswith("/")):
         return "must be an absolute path"
     if key == "runtimes":
         if not isinstance(value, dict):
             return "must be a mapping of runtime name to {path, args}"
         for name, runtime in value.items():
-            if not (isinstance(runtime, dict) and isinstance(runtime.get("path"), string_types)
-                    and isinstance(runtime.get("args", []), list)):
+            if not (
+                isinstance(runtime, dict)
+                and isinstance(runtime.get("path"), string_types)
+                and isinstance(runtime.get("args", []), list)
+            ):
                 return "runtime %r needs path (a string) and args (a list)" % name
     if key == "default-runtime" and not isinstance(value, string_types):
         return "must be a runtime name"
@@ -118,10 +133,12 @@ def docker_daemon_json(current_text, settings):
     except ValueError as exc:
         raise AnsibleFilterError(
             "/etc/docker/daemon.json is not valid JSON (%s): fix or remove it; nothing was "
-            "changed" % exc) from exc
+            "changed" % exc
+        ) from exc
     if not isinstance(current, dict):
-        raise AnsibleFilterError("/etc/docker/daemon.json must hold a JSON object; nothing was "
-                                 "changed")
+        raise AnsibleFilterError(
+            "/etc/docker/daemon.json must hold a JSON object; nothing was changed"
+        )
     errors = []
     for key, value in (settings or {}).items():
         problem = _check_key(key, value)
@@ -129,13 +146,17 @@ def docker_daemon_json(current_text, settings):
             errors.append("%r: %r %s" % (key, value, problem))
     merged = _merge(current, settings or {})
     runtime = merged.get("default-runtime")
-    if runtime and runtime not in ("runc", "io.containerd.runc.v2") and \
-            runtime not in (merged.get("runtimes") or {}):
+    if (
+        runtime
+        and runtime not in ("runc", "io.containerd.runc.v2")
+        and runtime not in (merged.get("runtimes") or {})
+    ):
         errors.append("'default-runtime': %r names no runtime in 'runtimes'" % runtime)
     if errors:
         raise AnsibleFilterError(
             "bad Docker daemon settings (docker_engine_* variables or docker_engine_daemon_"
-            "settings); nothing was changed: %s" % "; ".join(errors))
+            "settings); nothing was changed: %s" % "; ".join(errors)
+        )
     return merged
 
 

@@ -47,4 +47,5 @@ def check(fingerprints_found, wanted, source):
         raise KeyringError(
             "the key from %s has fingerprint(s) %s, not the pinned %s: refusing it. If you use "
             "a mirror with its own key, pin that key's fingerprint."
-            % (source, ", ".join(fingerprints_found), ", ".join(missing)))
+            % (source, ", ".join(fingerprints_found), ", ".join(missing))
+        )

@@ -27,7 +27,8 @@ options:
     type: str
     required: true
   dest:
-    description: The keyring file to write (binary OpenPGP), for example under C(/usr/share/keyrings).
+    description:
+      - The keyring file to write (binary OpenPGP), for example under C(/usr/share/keyrings).
     type: path
     required: true
   fingerprints:
@@ -91,8 +92,8 @@ def _gpg(module, gpg, args, data=None):
     home = tempfile.mkdtemp(prefix="apt_keyring-")
     try:
         rc, out, err = module.run_command(
-            [gpg, "--batch", "--homedir", home] + args, data=data, binary_data=True,
-            encoding=None)
+            [gpg, "--batch", "--homedir", home, *args], data=data, binary_data=True, encoding=None
+        )
     finally:
         shutil.rmtree(home, ignore_errors=True)
     if rc != 0:
@@ -114,7 +115,8 @@ def main():
     params = module.params
     gpg = module.get_bin_path("gpg", required=True)
     response, info = fetch_url(module, params["url"], timeout=params["timeout"])
-    if info["status"] not in (200, -1) or response is None:
+    is_http = params["url"].startswith(("http://", "https://"))
+    if response is None or (is_http and info.get("status") != 200):
         module.fail_json(msg="cannot fetch the key from %s: %s" % (params["url"], info.get("msg")))
     data = response.read()
     if is_armored(data):
@@ -154,10 +156,12 @@ def main():
         module.atomic_move(temp, dest)
     if not module.check_mode and os.path.exists(dest):
         file_args = module.load_file_common_arguments(
-            dict(path=dest, mode=params["mode"], owner="root", group="root"))
+            dict(path=dest, mode=params["mode"], owner="root", group="root")
+        )
         changed = module.set_fs_attributes_if_different(file_args, changed)
-    module.exit_json(changed=changed, fingerprints=found, dest=dest,
-                     diff=diff if module._diff else None)
+    module.exit_json(
+        changed=changed, fingerprints=found, dest=dest, diff=diff if module._diff else None
+    )
 
 
 if __name__ == "__main__":
