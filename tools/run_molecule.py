@@ -35,7 +35,7 @@ def main(names: list[str]) -> int:
         print("molecule: no scenarios", file=sys.stderr)
         return 1
     client, unavailable = cluster.client(), set()
-    for image in sorted({p["image"] for platforms in wanted.values() for p in platforms}):
+    for image in sorted({p.get("image", "") for platforms in wanted.values() for p in platforms}):
         match = IMAGE.match(image)
         if not match:
             continue
@@ -48,7 +48,7 @@ def main(names: list[str]) -> int:
             unavailable.add(image)
     failed, started = [], time.monotonic()
     for name, platforms in wanted.items():
-        usable = [p["name"] for p in platforms if p["image"] not in unavailable]
+        usable = [p["name"] for p in platforms if p.get("image") not in unavailable]
         command = ["molecule", "test", "-s", name]
         if not usable:
             print(f"molecule: SKIPPED scenario {name}: none of its images can be built")
