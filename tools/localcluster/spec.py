@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import ipaddress
 import re
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass
 from pathlib import Path
 
 import yaml
@@ -53,7 +53,6 @@ class ClusterSpec:
     networks: dict[str, Network]
     vms: tuple[VM, ...]
     inventory: Path
-    extra: dict = field(default_factory=dict)
 
     def prefix(self) -> str:
         return f"hlf-{self.name}"
@@ -66,9 +65,6 @@ class ClusterSpec:
 
     def volume(self, vm: VM) -> str:
         return f"{self.prefix()}-{vm.name}-docker"
-
-    def with_vms(self, vms: list[dict]) -> ClusterSpec:
-        return replace(self, vms=tuple(_vm(i, raw, self.networks) for i, raw in enumerate(vms)))
 
 
 def _fail(message: str) -> None:
