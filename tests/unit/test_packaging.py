@@ -60,7 +60,15 @@ def test_build_install_and_use_from_outside(tmp_path):
     ]
     assert junk == []
 
+    # Only the installed copy and the dependencies: not the checkout's own link, nor its cfg
+    # (with it, ansible-galaxy would find the collection "already installed" and skip it).
     installed = tmp_path / "collections"
+    deps = tmp_path / "deps" / "ansible_collections"
+    deps.mkdir(parents=True)
+    for namespace in ("community", "google", "ansible"):
+        (deps / namespace).symlink_to(ROOT / ".cache/collections/ansible_collections" / namespace)
+    env = {k: v for k, v in os.environ.items() if not k.startswith("ANSIBLE_")}
+    env["ANSIBLE_COLLECTIONS_PATH"] = f"{installed}:{tmp_path / 'deps'}"
     run(
         [
             BIN / "ansible-galaxy",
@@ -73,14 +81,9 @@ def test_build_install_and_use_from_outside(tmp_path):
             tarball,
         ],
         cwd=tmp_path,
+        env=env,
     )
-    # Only the installed copy and the dependencies: not the checkout's own link, nor its cfg.
-    deps = tmp_path / "deps" / "ansible_collections"
-    deps.mkdir(parents=True)
-    for namespace in ("community", "google", "ansible"):
-        (deps / namespace).symlink_to(ROOT / ".cache/collections/ansible_collections" / namespace)
-    env = {k: v for k, v in os.environ.items() if not k.startswith("ANSIBLE_")}
-    env["ANSIBLE_COLLECTIONS_PATH"] = f"{installed}:{tmp_path / 'deps'}"
+    assert (installed / "ansible_collections/hostnet/llamafactory/MANIFEST.json").is_file()
 
     doc = run([BIN / "ansible-doc", "hostnet.llamafactory.primary_nic"], cwd=tmp_path, env=env)
     assert str(installed) in doc and "NCCL_SOCKET_IFNAME" in doc
