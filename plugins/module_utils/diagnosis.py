@@ -1,0 +1,121 @@
+# -*- coding: utf-8 -*-
+# Copyright: hostnet.llamafactory contributors
+# GNU General Public License v3.0+ (see LICENSE or https://www.gnu.org/licenses/gpl-3.0.txt)
+"""Known multi-node failure signatures (the one table) and the function that applies it to logs.
+
+Each signature: id, a regular expression over one log line, the cause and the fix; {0}, {1}...
+in cause/fix are the expression's groups. Order matters: the first match of a line wins.
+"""
+
+from __future__ import absolute_import, division, print_function
+
+__metaclass__ = type
+
+import re
+
+SIGNATURES = [
+    {
+        "id": "bridge-address",
+        # Docker's default bridge pools: 172.17.0.0/16 (docker0), then 172.18-31.
+        "pattern": r"socketStartConnect: Connect to (172\.(?:1[7-9]|2\d|3[01])\.\d+\.\d+)"
+        r"<\d+> failed",
+        "cause": "NCCL dials {0}, a Docker bridge address: the containers run on Docker's bridge "
+        "network and advertise addresses that only their own VM can reach.",
+        "fix": "Run the training containers with host networking (network_mode host, this "
+        "collection's launch does) and NCCL_SOCKET_IFNAME set to the VM's NIC "
+        "(primary_nic finds it).",
+    },
+    {
+        "id": "peer-port-blocked",
+        "pattern": r"socketStartConnect: Connect to (\d+\.\d+\.\d+\.\d+)<(\d+)> failed",
+        "cause": "NCCL cannot open a connection to {0} port {1}: NCCL uses ephemeral ports "
+        "between every pair of nodes, not only MASTER_PORT.",
+        "fix": "Allow all TCP and UDP ports between the nodes (role gcp_firewall) and check that "
+        "every node trains on the NIC of the shared network.",
+    },
+    {
+        "id": "gloo-interface-missing",
+        "pattern": r"Unable to find address for: (\S+)",
+        "cause": "GLOO_SOCKET_IFNAME (or NCCL_SOCKET_IFNAME) names {0}, an interface this host "
+        "does not have; NIC names differ between images (ens4, eth0, enp0s12).",
+        "fix": "Let primary_nic choose the interface, or set llamafactory_interface to a NIC that "
+        "exists on that host.",
+    },
+    {
+        "id": "gloo-loopback",
+        "pattern": r"Gloo connectFullMesh failed.*remote=\[127\.0\.0\.1\]",
+        "cause": "Gloo bound a loopback address: the host name resolves to 127.0.0.1 and no "
+        "GLOO_SOCKET_IFNAME was set.",
+        "fix": "Set GLOO_SOCKET_IFNAME to the training NIC (this collection's launch sets it "
+        "from primary_nic).",
+    },
+    {
+        "id": "network-unreachable",
+        "pattern": r"connect: Network is unreachable",
+        "cause": "A node uses an interface whose address cannot reach its peers.",
+        "fix": "Train on the NIC that routes to MASTER_ADDR on every node (primary_nic with "
+        "peer), or set llamafactory_interface.",
+    },
+    {
+        "id": "master-unreachable",
+        "pattern": r"failed to connect to any network address of \(([^,\s]+),\s*(\d+)\)",
+        "cause": "The rendezvous at {0}:{1} (MASTER_ADDR:MASTER_PORT) cannot be reached: an "
+        "external IP as MASTER_ADDR, a closed firewall, or rank 0 not started.",
+        "fix": "Use rank 0's internal address as MASTER_ADDR (discover_network finds it), open "
+        "the ports between the nodes (gcp_firewall), and start rank 0.",
+    },
+]
+
+RANK_LINE = re.compile(r"Multi-node training enabled: num nodes: (\d+), node rank: (\d+)")
+_COMPILED = [(s, re.compile(s["pattern"])) for s in SIGNATURES]
+
+
+def diagnose(logs):
+    """Findings for logs given as text or as {host: text}: a list of dicts with id, host, line,
+    cause and fix, in log order, one per signature and host."""
+    if not isinstance(logs, dict):
+        logs = {"": logs or ""}
+    findings, seen = [], set()
+    for host, text in logs.items():
+        for line in (text or "").splitlines():
+            for signature, pattern in _COMPILED:
+                match = pattern.search(line)
+                if match:
+                    if (host, signature["id"]) not in seen:
+                        seen.add((host, signature["id"]))
+                        findings.append(
+                            {
+                                "id": signature["id"],
+                                "host": host,
+                                "line": line.strip(),
+                                "cause": signature["cause"].format(*match.groups()),
+                                "fix": signature["fix"].format(*match.groups()),
+                            }
+                        )
+                    break
+    findings.extend(_duplicate_ranks(logs))
+    return findings
+
+
+def _duplicate_ranks(logs):
+    """Two hosts logging the same LLaMA-Factory node rank: the signature of RANK without
+    NODE_RANK on LLaMA-Factory 0.9.1 and newer (both nodes run as rank 0 and hang)."""
+    ranks = {}
+    for host, text in logs.items():
+        match = RANK_LINE.search(text or "")
+        if match:
+            ranks.setdefault(int(match.group(2)), []).append(host)
+    return [
+        {
+            "id": "duplicate-node-rank",
+            "host": ", ".join(hosts),
+            "line": "node rank: %d on %s" % (rank, ", ".join(hosts)),
+            "cause": "%s all run as node rank %d: LLaMA-Factory 0.9.1 and newer read NODE_RANK and "
+            "ignore RANK, so every node given only RANK is rank 0 and the rendezvous hangs."
+            % (", ".join(hosts), rank),
+            "fix": "Set NODE_RANK (and RANK, for older versions) per node; this collection's "
+            "launch sets both from llamafactory_node_rank.",
+        }
+        for rank, hosts in sorted(ranks.items())
+        if len(hosts) > 1
+    ]
