@@ -88,7 +88,7 @@ from ansible_collections.hostnet.llamafactory.plugins.module_utils.keyring impor
 )
 
 
-def _gpg(module, gpg, args, data=None):
+def _gpg(module, gpg, args, data=None, strict=True):
     home = tempfile.mkdtemp(prefix="apt_keyring-")
     try:
         rc, out, err = module.run_command(
@@ -97,6 +97,8 @@ def _gpg(module, gpg, args, data=None):
     finally:
         shutil.rmtree(home, ignore_errors=True)
     if rc != 0:
+        if not strict:
+            return None
         module.fail_json(msg="gpg %s failed: %s" % (" ".join(args), err))
     return out
 
@@ -122,14 +124,16 @@ def main():
     if is_armored(data):
         data = _gpg(module, gpg, ["--dearmor"], data=data)
 
-    def fingerprints_of(blob):
+    def fingerprints_of(blob, strict=True):
         handle, path = tempfile.mkstemp()
         try:
             os.write(handle, blob)
             os.close(handle)
-            out = _gpg(module, gpg, ["--show-keys", "--with-colons", path])
+            out = _gpg(module, gpg, ["--show-keys", "--with-colons", path], strict=strict)
         finally:
             os.unlink(path)
+        if out is None:
+            return None
         text = out.decode("utf-8", "replace") if isinstance(out, bytes) else out
         return primary_fingerprints(text)
 
@@ -145,9 +149,16 @@ def main():
         with open(dest, "rb") as handle:
             current = handle.read()
     changed = current != data
-    diff = {"before": "", "after": "\n".join(found) + "\n"}
-    if current is not None:
-        diff["before"] = "\n".join(fingerprints_of(current)) + "\n" if current else ""
+    diff = None
+    if module._diff:
+        # Only for --diff, and only when it differs: an unreadable old file is just replaced.
+        before = found
+        if changed:
+            before = fingerprints_of(current, strict=False) if current else []
+        diff = {
+            "before": "(unreadable)\n" if before is None else "\n".join(before) + "\n",
+            "after": "\n".join(found) + "\n",
+        }
     if changed and not module.check_mode:
         directory = os.path.dirname(dest) or "."
         handle, temp = tempfile.mkstemp(dir=directory)
@@ -159,9 +170,7 @@ def main():
             dict(path=dest, mode=params["mode"], owner="root", group="root")
         )
         changed = module.set_fs_attributes_if_different(file_args, changed)
-    module.exit_json(
-        changed=changed, fingerprints=found, dest=dest, diff=diff if module._diff else None
-    )
+    module.exit_json(changed=changed, fingerprints=found, dest=dest, diff=diff)
 
 
 if __name__ == "__main__":
