@@ -1,4 +1,7 @@
-"""Command line: python -m localcluster {up,down,status,build,images,rmi} [--config FILE] [...].
+"""Command line: python -m localcluster {up,down,status,build,images,rmi,load-image} [...].
+
+load-image: the training image (built once: LLaMA-Factory on a CPU torch) in every VM of a
+running cluster, and the demo's tiny model and dataset in .cache/assets.
 
 build [--kind vm|blank] [--platform P ...]: make sure the images exist; exits 3 when a platform's
 archive does not answer (that platform is then skipped, and said so)."""
@@ -10,13 +13,15 @@ import json
 import sys
 from pathlib import Path
 
-from . import cluster, images, spec
+from . import cluster, images, spec, train_image
 from .util import ClusterError
 
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="localcluster", description=__doc__)
-    parser.add_argument("command", choices=["up", "down", "status", "build", "images", "rmi"])
+    parser.add_argument(
+        "command", choices=["up", "down", "status", "build", "images", "rmi", "load-image"]
+    )
     parser.add_argument("--kind", choices=sorted(images.KINDS), default="vm", help="for build")
     parser.add_argument(
         "--platform",
@@ -66,6 +71,8 @@ def main(argv: list[str] | None = None) -> int:
                     unreachable.append(name)
             if unreachable:
                 return 3
+        elif args.command == "load-image":
+            train_image.load_cluster(definition, cluster.client())
         elif args.command == "images":
             for tag, kind, size in images.list_images(cluster.client()):
                 print(f"{tag:45} {kind:6} {size / 2**20:8.0f} MiB")

@@ -44,9 +44,10 @@ VM_PACKAGES = (
     "docker.io",
     "iptables",
     "kmod",
+    "python3-requests",
 )
 # A "blank" host (no Docker) for role tests that install it.
-ENGINE_PACKAGES = ("docker.io", "iptables", "kmod")
+ENGINE_PACKAGES = ("docker.io", "iptables", "kmod", "python3-requests")
 BLANK_PACKAGES = tuple(p for p in VM_PACKAGES if p not in ENGINE_PACKAGES)
 KINDS = {"vm": VM_PACKAGES, "blank": BLANK_PACKAGES}
 

@@ -1,0 +1,304 @@
+# -*- coding: utf-8 -*-
+# Copyright: hostnet.llamafactory contributors
+# GNU General Public License v3.0+ (see LICENSE or https://www.gnu.org/licenses/gpl-3.0.txt)
+"""A training job's state across its ranks: what one node reports (parsers over `docker
+inspect`, `docker logs --timestamps`, trainer_log.jsonl and the checkpoint folders) and what the
+controller concludes from all nodes (launch or keep, running, finished, failed, stalled).
+
+Pure functions: the module job_status gathers the raw text on a node, the action job_wait and
+the filter launch_decision apply these to every node's report.
+"""
+
+from __future__ import absolute_import, division, print_function
+
+__metaclass__ = type
+
+import calendar
+import json
+import re
+import time
+
+LABEL_JOB = "hostnet.llamafactory.job"
+LABEL_RANK = "hostnet.llamafactory.rank"
+LABEL_DIGEST = "hostnet.llamafactory.digest"
+CHECKPOINT = re.compile(r"^checkpoint-(\d+)$")
+TIMESTAMP = re.compile(r"^(\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d)(\.\d+)?Z ?(.*)$")
+
+
+def parse_time(text):
+    """Epoch seconds of a Docker RFC 3339 UTC time (nanoseconds allowed); None for zero/empty."""
+    match = TIMESTAMP.match((text or "") + " ")
+    if not match or match.group(1).startswith("0001-"):
+        return None
+    seconds = calendar.timegm(time.strptime(match.group(1), "%Y-%m-%dT%H:%M:%S"))
+    return seconds + float("0" + (match.group(2) or ".0")[:10])
+
+
+def container_state(inspect):
+    """The part of `docker inspect` (one object, or None when absent) the job logic needs."""
+    if not inspect:
+        return {"state": "missing"}
+    state = inspect.get("State") or {}
+    config = inspect.get("Config") or {}
+    return {
+        "state": state.get("Status", "unknown"),
+        "exit_code": state.get("ExitCode"),
+        "oom_killed": bool(state.get("OOMKilled")),
+        "error": state.get("Error") or "",
+        "started_at": parse_time(state.get("StartedAt")),
+        "finished_at": parse_time(state.get("FinishedAt")),
+        "id": (inspect.get("Id") or "")[:12],
+        "image": config.get("Image", ""),
+        "labels": config.get("Labels") or {},
+    }
+
+
+def parse_logs(*streams):
+    """`docker logs --timestamps` output (stdout and stderr given apart) as one time-ordered list
+    of lines without timestamps, and the time of the newest line (None when empty)."""
+    stamped = []
+    for text in streams:
+        for line in (text or "").splitlines():
+            match = TIMESTAMP.match(line)
+            if match:
+                stamped.append((parse_time(line), match.group(3)))
+            elif line.strip():
+                stamped.append((None, line))
+    ordered = sorted(
+        (pair for pair in stamped if pair[0] is not None), key=lambda pair: pair[0]
+    ) + [pair for pair in stamped if pair[0] is None]
+    last = max([t for t, _ in stamped if t is not None] or [None], key=lambda t: t or 0)
+    # Progress bars redraw with carriage returns: keep the last frame of each line.
+    lines = [text.rstrip().split("\r")[-1] for _, text in ordered]
+    return lines, last
+
+
+def last_progress(trainer_log_tail):
+    """The newest training progress in trainer_log.jsonl text: step, total, loss, percentage."""
+    progress = None
+    for line in (trainer_log_tail or "").splitlines():
+        try:
+            record = json.loads(line)
+        except ValueError:
+            continue
+        if not isinstance(record, dict) or "current_steps" not in record:
+            continue
+        loss = record.get("loss", progress.get("loss") if progress else None)
+        progress = {
+            "step": record.get("current_steps"),
+            "total": record.get("total_steps"),
+            "loss": loss,
+            "percentage": record.get("percentage"),
+        }
+    return progress
+
+
+def complete_checkpoints(listing):
+    """Steps of the checkpoints a node can resume from: checkpoint-N folders holding the
+    trainer state and, when the run used DeepSpeed, their global_stepN shard folder.
+    `listing` maps each checkpoint folder name to the names inside it."""
+    steps = []
+    for name, children in (listing or {}).items():
+        match = CHECKPOINT.match(name)
+        if not match:
+            continue
+        step = int(match.group(1))
+        children = set(children)
+        if "trainer_state.json" not in children:
+            continue
+        deepspeed = [c for c in children if c.startswith("global_step")]
+        if deepspeed and "global_step%d" % step not in children:
+            continue
+        steps.append(step)
+    return sorted(steps)
+
+
+def common_checkpoint(reports):
+    """The newest checkpoint step every rank holds completely, or None."""
+    sets = [set(r.get("checkpoints") or []) for r in reports]
+    if not sets:
+        return None
+    common = set.intersection(*sets)
+    return max(common) if common else None
+
+
+def _same_job(report, digest):
+    labels = (report.get("container") or {}).get("labels") or {}
+    return labels.get(LABEL_DIGEST) == report.get("wanted", digest)
+
+
+def _state(report):
+    return (report.get("container") or {}).get("state", "missing")
+
+
+def _succeeded(report):
+    container = report.get("container") or {}
+    return container.get("state") == "exited" and container.get("exit_code") == 0
+
+
+def decide_launch(reports, digest=None, restart_allowed=False, job="", restart_var=""):
+    """What the launch must do, from every rank's report before it:
+    keep (the same job is running or finished), launch (nothing there, or it failed or was
+    stopped; resume from the newest checkpoint all ranks hold) or refuse (a different config is
+    running or finished and a restart was not allowed).
+    `reports` maps host -> {rank, container, checkpoints, wanted}: `wanted` is the digest that
+    host's container must carry (it differs per rank), else `digest` applies."""
+    hosts = sorted(reports, key=lambda h: reports[h].get("rank", 0))
+    running = [h for h in hosts if _state(reports[h]) in ("running", "restarting", "paused")]
+    alive = [h for h in hosts if _state(reports[h]) != "missing"]
+    same = [h for h in alive if _same_job(reports[h], digest)]
+    healthy = [h for h in hosts if h in running or _succeeded(reports[h])]
+    result = {"action": "launch", "stop_first": running, "resume": None, "fresh": False}
+    if hosts and len(same) == len(hosts) and len(healthy) == len(hosts):
+        state = "running" if running else "finished"
+        result.update(action="keep", stop_first=[], why="job %s is already %s" % (job, state))
+        result["state"] = state
+        return result
+    different = [h for h in healthy if not _same_job(reports[h], digest)]
+    if different and not restart_allowed:
+        result.update(
+            action="refuse",
+            stop_first=[],
+            why="job %s is %s on %s with a different configuration; nothing was changed. To "
+            "replace it set %s=true (it resumes from the newest checkpoint all ranks hold), or "
+            "give the new run another llamafactory_job name"
+            % (
+                job,
+                "running" if set(different) & set(running) else "finished",
+                ", ".join(different),
+                restart_var or "launch_restart_on_change",
+            ),
+        )
+        return result
+    resume = common_checkpoint([reports[h] for h in hosts])
+    result["resume"] = resume
+    # Checkpoints on some ranks but none common: start over rather than let each rank resume
+    # from a different step.
+    result["fresh"] = resume is None and any(reports[h].get("checkpoints") for h in hosts)
+    if not alive:
+        result["why"] = "job %s is not on the nodes: launching" % job
+    elif different:
+        result["why"] = "job %s changed and launch_restart_on_change allows a restart" % job
+    else:
+        result["why"] = "job %s did not finish (%s): launching again" % (
+            job,
+            ", ".join("%s %s" % (h, describe(reports[h])) for h in hosts),
+        )
+    if resume is not None:
+        result["why"] += ", resuming from checkpoint-%d" % resume
+    return result
+
+
+def describe(report):
+    """A few words on a rank's container state."""
+    container = report.get("container") or {}
+    state = container.get("state", "missing")
+    if state == "exited":
+        code = container.get("exit_code")
+        if container.get("oom_killed"):
+            return "killed by the kernel's OOM killer (exit %s)" % code
+        if code == 137:
+            return "killed (SIGKILL, exit 137)"
+        if code == 143:
+            return "stopped (SIGTERM, exit 143)"
+        return "exited with code %s" % code
+    if state == "missing":
+        return "has no container"
+    return state
+
+
+def verdict(reports, now, stall_timeout, stale_after):
+    """The job's state while waiting. `reports` maps host -> the rank's latest report plus
+    `received` (controller time). Returns {state, failed: [host...], line, progress}:
+    state is running, finished, failed (a rank exited non-zero, lost its container or stopped
+    answering) or stalled (no rank wrote a log line for stall_timeout seconds)."""
+    hosts = sorted(reports, key=lambda h: reports[h].get("rank", 0))
+    failed = []
+    for host in hosts:
+        report = reports[host]
+        container = report.get("container") or {}
+        state = container.get("state", "missing")
+        if now - report.get("received", now) > stale_after:
+            failed.append((report.get("received", 0), host, "stopped answering"))
+        elif state == "missing":
+            failed.append((now, host, "lost its container"))
+        elif state in ("exited", "dead") and container.get("exit_code") != 0:
+            failed.append((container.get("finished_at") or now, host, describe(report)))
+    progress = None
+    for host in hosts:
+        progress = progress or reports[host].get("progress")
+    result = {"progress": progress, "failed": [], "reasons": {}}
+    if failed:
+        failed.sort()
+        result["state"] = "failed"
+        result["failed"] = [host for _, host, _ in failed]
+        result["reasons"] = dict((host, why) for _, host, why in failed)
+    elif hosts and all(_succeeded(reports[h]) for h in hosts):
+        result["state"] = "finished"
+    else:
+        newest = max([reports[h].get("last_output_at") or 0 for h in hosts] or [0])
+        started = max(
+            [(reports[h].get("container") or {}).get("started_at") or 0 for h in hosts] or [0]
+        )
+        quiet = now - max(newest, started)
+        if stall_timeout and quiet > stall_timeout:
+            result["state"] = "stalled"
+            result["quiet"] = quiet
+        else:
+            result["state"] = "running"
+    result["line"] = progress_line(reports, hosts, progress)
+    return result
+
+
+def progress_line(reports, hosts, progress):
+    parts = []
+    if progress and progress.get("step") is not None:
+        part = "step %s/%s" % (progress["step"], progress.get("total") or "?")
+        if progress.get("loss") is not None:
+            part += " loss %.4f" % progress["loss"]
+        parts.append(part)
+    else:
+        parts.append("starting")
+    parts.append(
+        ", ".join("rank %s %s" % (reports[h].get("rank"), describe(reports[h])) for h in hosts)
+    )
+    return " | ".join(parts)
+
+
+def failure_message(job, result, reports, diagnose=None, lines=15):
+    """The message a failed wait ends with: the first failing rank, its last log lines, what
+    happened to the others, and the known causes found in every rank's log."""
+    first = result["failed"][0]
+    report = reports[first]
+    text = [
+        "job %s failed: rank %s (%s) %s first."
+        % (job, report.get("rank"), first, result["reasons"][first])
+    ]
+    others = [h for h in result["failed"][1:]]
+    if others:
+        text.append(
+            "Then: "
+            + "; ".join(
+                "rank %s (%s) %s" % (reports[h].get("rank"), h, result["reasons"][h])
+                for h in others
+            )
+            + "."
+        )
+    text.append(
+        "The other ranks were stopped (a surviving rank hangs until the collective "
+        "timeout otherwise)."
+    )
+    tail = (report.get("log_lines") or [])[-lines:]
+    if tail:
+        text.append("Last log lines of rank %s:" % report.get("rank"))
+        text.extend("  " + line for line in tail)
+    if diagnose is not None:
+        findings = diagnose(
+            dict((h, "\n".join(r.get("log_lines") or [])) for h, r in reports.items())
+        )
+        for finding in findings:
+            text.append(
+                "Cause (%s, %s): %s" % (finding["id"], finding["host"] or "log", finding["cause"])
+            )
+            text.append("Fix: %s" % finding["fix"])
+    return "\n".join(text)

@@ -1,0 +1,123 @@
+# -*- coding: utf-8 -*-
+# Copyright: hostnet.llamafactory contributors
+# GNU General Public License v3.0+ (see LICENSE or https://www.gnu.org/licenses/gpl-3.0.txt)
+"""The per-node form of a LLaMA-Factory training config (runs on the controller).
+
+A user's YAML names paths as seen from where it was written. Every node needs them as node-local
+paths under the job directory: outputs (with ZeRO-3 every node writes its own shard), the
+dataset folder, the DeepSpeed JSON and a local model folder. A path found on the controller
+(relative paths are taken relative to the YAML's folder) is copied to every node; one that is
+not found is left alone: it names a file inside the image (such as LLaMA-Factory's own
+examples/) or a model on the Hugging Face Hub.
+"""
+
+from __future__ import absolute_import, division, print_function
+
+__metaclass__ = type
+
+import hashlib
+import json
+import os
+
+# config key -> name under the job directory
+COPIED_KEYS = (
+    ("model_name_or_path", "model"),
+    ("adapter_name_or_path", "adapter"),
+    ("dataset_dir", "data"),
+    ("deepspeed", "deepspeed.json"),
+)
+# Files up to this size are hashed by content; larger ones (model weights) by name and size.
+HASH_CONTENT_LIMIT = 64 * 1024 * 1024
+
+
+class PlanError(ValueError):
+    """A config the launch cannot use; the message names the key and the fix."""
+
+
+def plan(user_config, config_path, job_dir, overrides=None):
+    """{config, copies, output_dir, notes, digest} for one job; see the module docstring."""
+    if not isinstance(user_config, dict):
+        raise PlanError(
+            "%s is not a LLaMA-Factory config: it must be a YAML mapping of options "
+            "(model_name_or_path, stage, dataset, output_dir, ...)" % config_path
+        )
+    config = dict(user_config)
+    config.update(overrides or {})
+    for key in ("model_name_or_path", "stage"):
+        if key not in config:
+            raise PlanError(
+                "%s has no '%s': set it in the file or in llamafactory_train_overrides"
+                % (config_path, key)
+            )
+    base = os.path.dirname(os.path.abspath(config_path))
+    job_dir = job_dir.rstrip("/")
+    copies, notes = [], []
+    for key, name in COPIED_KEYS:
+        value = config.get(key)
+        if not isinstance(value, str) or not value:
+            continue
+        source = os.path.normpath(os.path.join(base, os.path.expanduser(value)))
+        if not os.path.exists(source):
+            if key in ("dataset_dir", "deepspeed"):
+                notes.append(
+                    "%s %s is not on the controller: the nodes use it as a path inside the image"
+                    % (key, value)
+                )
+            continue
+        if key == "deepspeed":
+            _check_json(source, key)
+        dest = "%s/%s" % (job_dir, name)
+        copies.append({"key": key, "src": source, "dest": dest, "directory": os.path.isdir(source)})
+        config[key] = dest
+    if config.get("output_dir") not in (None, "%s/output" % job_dir):
+        notes.append(
+            "output_dir %s becomes %s/output on every node" % (config.get("output_dir"), job_dir)
+        )
+    config["output_dir"] = "%s/output" % job_dir
+    # Without a shared disk each node must hold a whole checkpoint (trainer state, scheduler,
+    # adapter) next to its own ZeRO shard, or a resumed run fails on the other nodes.
+    config.setdefault("save_on_each_node", True)
+    digest = hashlib.sha256()
+    digest.update(json.dumps(config, sort_keys=True, default=str).encode())
+    for copy in copies:
+        digest.update(copy["dest"].encode())
+        digest.update(tree_digest(copy["src"]).encode())
+    return {
+        "config": config,
+        "copies": copies,
+        "output_dir": config["output_dir"],
+        "notes": notes,
+        "digest": digest.hexdigest()[:16],
+    }
+
+
+def _check_json(path, key):
+    if os.path.isdir(path):
+        raise PlanError("%s %s is a folder: point it at the DeepSpeed JSON file" % (key, path))
+    try:
+        with open(path) as handle:
+            json.load(handle)
+    except ValueError as exc:
+        raise PlanError("%s %s is not valid JSON: %s" % (key, path, exc)) from exc
+
+
+def tree_digest(path):
+    """A digest of a file or a folder's files (names, sizes, and contents up to the limit)."""
+    digest = hashlib.sha256()
+    if os.path.isfile(path):
+        entries = [("", path)]
+    else:
+        entries = []
+        for folder, dirs, files in os.walk(path):
+            dirs.sort()
+            for name in sorted(files):
+                full = os.path.join(folder, name)
+                entries.append((os.path.relpath(full, path), full))
+    for relative, full in entries:
+        size = os.path.getsize(full)
+        digest.update(("%s\0%d\0" % (relative, size)).encode())
+        if size <= HASH_CONTENT_LIMIT:
+            with open(full, "rb") as handle:
+                for block in iter(lambda: handle.read(1 << 20), b""):
+                    digest.update(block)
+    return digest.hexdigest()

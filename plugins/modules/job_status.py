@@ -1,0 +1,196 @@
+#!/usr/bin/python
+# -*- coding: utf-8 -*-
+# Copyright: hostnet.llamafactory contributors
+# GNU General Public License v3.0+ (see LICENSE or https://www.gnu.org/licenses/gpl-3.0.txt)
+
+from __future__ import absolute_import, division, print_function
+
+__metaclass__ = type
+
+DOCUMENTATION = r"""
+module: job_status
+short_description: One rank of a LLaMA-Factory job - container, log tail, progress, checkpoints
+version_added: 0.1.0
+description:
+  - Reports, in one call, the state of a training container (running, exited and its code, OOM
+    kill, missing), its newest log lines with the time of the last one, the newest training
+    progress from C(trainer_log.jsonl), and the checkpoints in the output folder that this node
+    can resume from.
+  - Optionally stops the container first (O(stop)), which is how a job's other ranks are stopped
+    when one rank fails.
+  - Why not C(community.docker.docker_container_info) - it returns neither the logs nor the
+    training progress and checkpoints; the wait step polls every rank every few seconds and needs
+    all of it in one round trip.
+  - Uses the C(docker) command on the node.
+author:
+  - hostnet.llamafactory contributors (@hostnet)
+options:
+  name:
+    description: The container's name.
+    type: str
+    required: true
+  output_dir:
+    description: The job's output folder on the node (for progress and checkpoints).
+    type: path
+  tail:
+    description: How many of the newest log lines to return.
+    type: int
+    default: 40
+  stop:
+    description: Stop the container (if it runs) before reporting.
+    type: bool
+    default: false
+  stop_timeout:
+    description: Seconds between SIGTERM and SIGKILL when stopping.
+    type: int
+    default: 10
+  docker:
+    description: The docker command.
+    type: str
+    default: docker
+attributes:
+  check_mode:
+    support: full
+    details: In check mode a running container is reported as it would be stopped, not stopped.
+  diff_mode:
+    support: none
+"""
+
+EXAMPLES = r"""
+- name: Look at rank 1
+  hostnet.llamafactory.job_status:
+    name: llamafactory-demo
+    output_dir: /var/lib/llamafactory/jobs/demo/output
+  register: rank
+
+- name: Stop a job's container on every node
+  hostnet.llamafactory.job_status:
+    name: llamafactory-demo
+    stop: true
+"""
+
+RETURN = r"""
+container:
+  description: The container's state (V(missing) when there is none), exit code, OOM kill,
+    start/finish times (epoch seconds), short ID, image and labels.
+  returned: always
+  type: dict
+  sample: {state: exited, exit_code: 137, oom_killed: false, id: 3f2a9c1d0e4b}
+log_lines:
+  description: The newest log lines, stdout and stderr merged in time order.
+  returned: always
+  type: list
+  elements: str
+last_output_at:
+  description: Epoch seconds of the newest log line (null when none).
+  returned: always
+  type: float
+progress:
+  description: The newest C(trainer_log.jsonl) record - step, total, loss, percentage (null
+    before the first logged step).
+  returned: always
+  type: dict
+checkpoints:
+  description: Steps of the complete checkpoints on this node (trainer state and, with
+    DeepSpeed, the shard folder), ascending.
+  returned: always
+  type: list
+  elements: int
+now:
+  description: The node's clock, epoch seconds.
+  returned: always
+  type: float
+"""
+
+import json
+import os
+import time
+
+from ansible.module_utils.basic import AnsibleModule
+from ansible_collections.hostnet.llamafactory.plugins.module_utils import job
+
+TRAINER_LOG_TAIL_BYTES = 16384
+
+
+def inspect(module, docker, name):
+    rc, out, err = module.run_command([docker, "inspect", "--type", "container", name])
+    if rc != 0:
+        if "no such" in err.lower():
+            return None
+        module.fail_json(msg="docker inspect %s failed: %s" % (name, err.strip() or out.strip()))
+    return json.loads(out)[0]
+
+
+def trainer_log_tail(output_dir):
+    path = os.path.join(output_dir, "trainer_log.jsonl")
+    try:
+        with open(path, "rb") as handle:
+            handle.seek(0, os.SEEK_END)
+            size = handle.tell()
+            handle.seek(max(0, size - TRAINER_LOG_TAIL_BYTES))
+            data = handle.read().decode("utf-8", "replace")
+    except (IOError, OSError):
+        return ""
+    return data if size <= TRAINER_LOG_TAIL_BYTES else data.split("\n", 1)[-1]
+
+
+def checkpoint_listing(output_dir):
+    listing = {}
+    try:
+        names = os.listdir(output_dir)
+    except OSError:
+        return listing
+    for name in names:
+        path = os.path.join(output_dir, name)
+        if job.CHECKPOINT.match(name) and os.path.isdir(path):
+            try:
+                listing[name] = os.listdir(path)
+            except OSError:
+                continue
+    return listing
+
+
+def main():
+    module = AnsibleModule(
+        argument_spec=dict(
+            name=dict(type="str", required=True),
+            output_dir=dict(type="path"),
+            tail=dict(type="int", default=40),
+            stop=dict(type="bool", default=False),
+            stop_timeout=dict(type="int", default=10),
+            docker=dict(type="str", default="docker"),
+        ),
+        supports_check_mode=True,
+    )
+    params = module.params
+    docker = module.get_bin_path(params["docker"], required=True)
+    raw = inspect(module, docker, params["name"])
+    changed = False
+    if params["stop"] and raw and raw["State"].get("Running"):
+        changed = True
+        if not module.check_mode:
+            rc, _out, err = module.run_command(
+                [docker, "stop", "-t", str(params["stop_timeout"]), params["name"]]
+            )
+            if rc != 0:
+                module.fail_json(msg="docker stop %s failed: %s" % (params["name"], err.strip()))
+            raw = inspect(module, docker, params["name"])
+    result = dict(changed=changed, container=job.container_state(raw), now=time.time())
+    lines, last = [], None
+    if raw:
+        rc, out, err = module.run_command(
+            [docker, "logs", "--timestamps", "--tail", str(params["tail"]), params["name"]]
+        )
+        if rc == 0:
+            lines, last = job.parse_logs(out, err)
+    result.update(log_lines=lines[-params["tail"] :], last_output_at=last)
+    output_dir = params["output_dir"]
+    result["progress"] = job.last_progress(trainer_log_tail(output_dir)) if output_dir else None
+    result["checkpoints"] = (
+        job.complete_checkpoints(checkpoint_listing(output_dir)) if output_dir else []
+    )
+    module.exit_json(**result)
+
+
+if __name__ == "__main__":
+    main()

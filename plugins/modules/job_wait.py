@@ -1,0 +1,112 @@
+#!/usr/bin/python
+# -*- coding: utf-8 -*-
+# Copyright: hostnet.llamafactory contributors
+# GNU General Public License v3.0+ (see LICENSE or https://www.gnu.org/licenses/gpl-3.0.txt)
+
+from __future__ import absolute_import, division, print_function
+
+__metaclass__ = type
+
+DOCUMENTATION = r"""
+module: job_wait
+short_description: Wait for a multi-node LLaMA-Factory job, stopping every rank when one fails
+version_added: 0.1.0
+description:
+  - Runs on the controller (an action plugin) for every node of a job at once; it needs
+    C(forks) at least the number of nodes. Every O(interval) seconds each node's rank is queried
+    with M(hostnet.llamafactory.job_status) and the reports are shared between the nodes'
+    instances on the controller.
+  - The lowest rank prints progress (step/total, loss, each rank's state) whenever it changes
+    and at least every O(progress_every) seconds.
+  - When a rank exits non-zero, loses its container or stops answering, every other rank is
+    stopped at once (a surviving rank otherwise hangs until the collective timeout) and the task
+    fails naming the first failing rank, its last log lines and the causes the collection's
+    diagnosis table finds in the logs.
+  - When no rank writes a log line for O(stall_timeout) seconds (a rendezvous that never
+    completes), every rank is stopped as well.
+  - At O(timeout) the task fails and leaves the job running.
+  - Why not C(until)/C(retries) - retries run per host and cannot stop one host's container
+    because another host's rank died.
+author:
+  - hostnet.llamafactory contributors (@hostnet)
+options:
+  name:
+    description: The job's container name (the same on every node).
+    type: str
+    required: true
+  job:
+    description: The job's name, for messages.
+    type: str
+    required: true
+  output_dir:
+    description: The job's output folder on the nodes.
+    type: str
+    required: true
+  ranks:
+    description: Every node of the job (inventory host name) with its node rank.
+    type: dict
+    required: true
+  timeout:
+    description: Seconds to wait before failing (the job keeps running).
+    type: int
+    default: 86400
+  stall_timeout:
+    description: Seconds without a new log line on any rank before the job counts as stalled
+      and is stopped; 0 disables.
+    type: int
+    default: 1800
+  interval:
+    description: Seconds between polls.
+    type: float
+    default: 10.0
+  progress_every:
+    description: Longest time between two progress lines, in seconds.
+    type: float
+    default: 30.0
+  stop_timeout:
+    description: Seconds between SIGTERM and SIGKILL when stopping a rank.
+    type: int
+    default: 10
+  tail:
+    description: Log lines kept per rank for the failure message.
+    type: int
+    default: 40
+attributes:
+  check_mode:
+    support: none
+    details: Skipped in check mode.
+  diff_mode:
+    support: none
+  action:
+    support: full
+"""
+
+EXAMPLES = r"""
+- name: Wait for the job
+  hostnet.llamafactory.job_wait:
+    name: llamafactory-demo
+    job: demo
+    output_dir: /var/lib/llamafactory/jobs/demo/output
+    ranks: {vm0: 0, vm1: 1}
+    timeout: 3600
+"""
+
+RETURN = r"""
+state:
+  description: V(finished), V(failed), V(stalled) or V(running) (at the timeout).
+  returned: always
+  type: str
+progress:
+  description: The newest training progress (step, total, loss, percentage).
+  returned: always
+  type: dict
+elapsed:
+  description: Seconds waited.
+  returned: success
+  type: float
+failed_ranks:
+  description: The ranks that failed, the first failing one first.
+  returned: failure
+  type: list
+  elements: int
+"""
