@@ -15,13 +15,6 @@ from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
 from transformers import LlamaConfig, LlamaForCausalLM, PreTrainedTokenizerFast
 
 WORDS = [
-    "node", "rank", "master", "address", "port", "network", "interface", "host", "bridge",
-    "container", "docker", "nccl", "gloo", "training", "step", "loss", "checkpoint", "adapter",
-    "gradient", "batch", "layer", "model", "token", "dataset", "firewall", "route", "packet",
-    "socket", "peer", "cluster", "job", "config", "image", "volume", "shard", "optimizer",
-    "learning", "rate",
-]
-SPECIAL = {"bos_token": "<s>", "eos_token": "</s>", "pad_token": "<pad>"}  # noqa: S105
     "node",
     "rank",
     "master",
@@ -61,6 +54,7 @@ SPECIAL = {"bos_token": "<s>", "eos_token": "</s>", "pad_token": "<pad>"}  # noq
     "learning",
     "rate",
 ]
+SPECIAL = {"bos_token": "<s>", "eos_token": "</s>", "pad_token": "<pad>"}
 
 
 def records(count: int, rng: random.Random) -> list[dict]:
