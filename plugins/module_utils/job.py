@@ -258,7 +258,8 @@ def progress_line(reports, hosts, progress):
             part += " loss %.4f" % progress["loss"]
         parts.append(part)
     else:
-        parts.append("starting")
+        newest = [line for line in reports[hosts[0]].get("log_lines") or [] if line.strip()]
+        parts.append("starting: %s" % newest[-1].strip()[:90] if newest else "starting")
     parts.append(
         ", ".join("rank %s %s" % (reports[h].get("rank"), describe(reports[h])) for h in hosts)
     )
@@ -288,7 +289,7 @@ def failure_message(job, result, reports, diagnose=None, lines=15):
         "The other ranks were stopped (a surviving rank hangs until the collective "
         "timeout otherwise)."
     )
-    tail = (report.get("log_lines") or [])[-lines:]
+    tail = condense(report.get("log_lines") or [])[-lines:]
     if tail:
         text.append("Last log lines of rank %s:" % report.get("rank"))
         text.extend("  " + line for line in tail)
@@ -302,3 +303,17 @@ def failure_message(job, result, reports, diagnose=None, lines=15):
             )
             text.append("Fix: %s" % finding["fix"])
     return "\n".join(text)
+
+
+def condense(lines):
+    """Log lines without the repeats (warnings printed every step), noting how many went."""
+    seen, kept, dropped = set(), [], 0
+    for line in lines:
+        if line in seen:
+            dropped += 1
+            continue
+        seen.add(line)
+        kept.append(line)
+    if dropped:
+        kept.append("(%d repeated lines left out)" % dropped)
+    return kept

@@ -121,9 +121,13 @@ def inspect(module, docker, name):
     return json.loads(out)[0]
 
 
-def trainer_log_tail(output_dir):
+def trainer_log_tail(output_dir, since=None):
+    """The end of trainer_log.jsonl; empty when it was last written before `since` (a resumed
+    run appends to the file of the run before it)."""
     path = os.path.join(output_dir, "trainer_log.jsonl")
     try:
+        if since and os.path.getmtime(path) < since - 1:
+            return ""
         with open(path, "rb") as handle:
             handle.seek(0, os.SEEK_END)
             size = handle.tell()
@@ -185,7 +189,10 @@ def main():
             lines, last = job.parse_logs(out, err)
     result.update(log_lines=lines[-params["tail"] :], last_output_at=last)
     output_dir = params["output_dir"]
-    result["progress"] = job.last_progress(trainer_log_tail(output_dir)) if output_dir else None
+    started = result["container"].get("started_at")
+    result["progress"] = (
+        job.last_progress(trainer_log_tail(output_dir, started)) if output_dir else None
+    )
     result["checkpoints"] = (
         job.complete_checkpoints(checkpoint_listing(output_dir)) if output_dir else []
     )
