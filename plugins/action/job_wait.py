@@ -26,6 +26,10 @@ from ansible_collections.hostnet.llamafactory.plugins.module_utils import diagno
 
 display = Display()
 
+# On failure: log lines each rank hands to the diagnosis, and how long rank 0 waits for them.
+FINAL_TAIL = 2000
+FINAL_WAIT_S = 20
+
 ARGUMENT_SPEC = dict(
     name=dict(type="str", required=True),
     job=dict(type="str", required=True),
@@ -86,7 +90,7 @@ class ActionModule(ActionBase):
                 )
                 shown, shown_at = outcome["line"], now
             if outcome["state"] in ("failed", "stalled"):
-                return self._fail_all(result, args, host, leader, outcome, reports)
+                return self._fail_all(result, args, host, leader, outcome, reports, shared)
             if outcome["state"] == "finished":
                 result.update(
                     changed=False,
@@ -108,13 +112,13 @@ class ActionModule(ActionBase):
                 return result
             time.sleep(args["interval"])
 
-    def _query(self, args, stop=False):
+    def _query(self, args, stop=False, tail=None):
         report = self._execute_module(
             module_name="hostnet.llamafactory.job_status",
             module_args=dict(
                 name=args["name"],
                 output_dir=args["output_dir"],
-                tail=args["tail"],
+                tail=tail or args["tail"],
                 stop=stop,
                 stop_timeout=args["stop_timeout"],
             ),
@@ -126,27 +130,40 @@ class ActionModule(ActionBase):
         return report
 
     @staticmethod
-    def _publish(shared, host, report):
+    def _publish(shared, host, report, kind="json"):
         fd, path = tempfile.mkstemp(dir=shared, prefix=".%s." % host)
         with os.fdopen(fd, "w") as handle:
             json.dump(report, handle)
-        os.rename(path, os.path.join(shared, "%s.json" % host))
+        os.rename(path, os.path.join(shared, "%s.%s" % (host, kind)))
 
     @staticmethod
-    def _collect(shared, ranks):
+    def _collect(shared, ranks, kind="json"):
         reports = {}
         for h in ranks:
             try:
-                with open(os.path.join(shared, "%s.json" % h)) as handle:
+                with open(os.path.join(shared, "%s.%s" % (h, kind))) as handle:
                     reports[h] = json.load(handle)
             except (IOError, OSError, ValueError):
                 continue
         return reports
 
-    def _fail_all(self, result, args, host, leader, outcome, reports):
+    def _fail_all(self, result, args, host, leader, outcome, reports, shared):
         own = reports[host]
-        if (own.get("container") or {}).get("state") in ("running", "restarting", "paused"):
-            self._query(args, stop=True)
+        running = (own.get("container") or {}).get("state") in ("running", "restarting", "paused")
+        # Stop this rank, and publish a longer log for the diagnosis: the cause is often far
+        # above the last lines (a traceback, repeated warnings).
+        final = self._query(args, stop=running, tail=FINAL_TAIL)
+        final.update(rank=own.get("rank"), received=own.get("received"))
+        self._publish(shared, host, final, kind="final")
+        if leader:
+            deadline = time.time() + FINAL_WAIT_S
+            finals = self._collect(shared, reports, kind="final")
+            while len(finals) < len(reports) and time.time() < deadline:
+                time.sleep(0.5)
+                finals = self._collect(shared, reports, kind="final")
+            for h, report in finals.items():
+                if report.get("log_lines"):
+                    reports[h] = dict(reports[h], log_lines=report["log_lines"])
         result.update(failed=True, state=outcome["state"], changed=True)
         if outcome["state"] == "stalled":
             message = (

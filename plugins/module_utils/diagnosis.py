@@ -26,6 +26,22 @@ SIGNATURES = [
         "(primary_nic finds it).",
     },
     {
+        "id": "gloo-bridge-address",
+        "pattern": r"Gloo connectFullMesh failed.*remote=\[(172\.(?:1[7-9]|2\d|3[01])\.\d+\.\d+)\]",
+        "cause": "Gloo dials {0}, a Docker bridge address: the containers run on Docker's bridge "
+        "network, every rank advertises its container's 172.x address (often the same one on "
+        "every VM) and the peers cannot reach it.",
+        "fix": "Run the training containers with host networking (llamafactory_network_mode "
+        "host, the default) and GLOO_SOCKET_IFNAME set to the VM's NIC (primary_nic finds it).",
+    },
+    {
+        "id": "peer-crashed",
+        "pattern": r"Connection closed by peer \[([^\]]+)\]",
+        "cause": "The rank at {0} went away in the middle of a collective: this rank failed "
+        "because another one died first.",
+        "fix": "Read the log of the rank at {0} (the wait step names the first rank that failed).",
+    },
+    {
         "id": "peer-port-blocked",
         "pattern": r"socketStartConnect: Connect to (\d+\.\d+\.\d+\.\d+)<(\d+)> failed",
         "cause": "NCCL cannot open a connection to {0} port {1}: NCCL uses ephemeral ports "

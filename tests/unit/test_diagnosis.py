@@ -29,6 +29,8 @@ def log(name: str) -> str:
         ("gloo-loopback", "gloo-loopback", "127.0.0.1", "GLOO_SOCKET_IFNAME"),
         ("wrong-nic", "network-unreachable", "cannot reach its peers", "primary_nic"),
         ("master-unreachable", "master-unreachable", "198.19.0.10:29555", "internal address"),
+        ("bridge-gloo", "gloo-bridge-address", "Gloo dials 172.17.0.2", "host networking"),
+        ("peer-crashed", "peer-crashed", "198.18.0.11 went away", "first rank that failed"),
     ],
 )
 def test_each_recorded_failure_is_named_with_its_fix(name, signature, in_cause, in_fix):
