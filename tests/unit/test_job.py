@@ -1,0 +1,681 @@
+"""The job logic (plugins/module_utils/job.py) over data captured on the local cluster
+(tests/unit/fixtures/job, see its README): `docker inspect` of running, finished, killed and
+failed ranks, their `docker logs --timestamps`, the checkpoint folders of two ranks and the
+tail of LLaMA-Factory's trainer_log.jsonl.
+"""
+
+import calendar
+import copy
+import json
+from pathlib import Path
+
+import pytest
+from ansible_collections.hostnet.llamafactory.plugins.module_utils import job
+from ansible_collections.hostnet.llamafactory.plugins.module_utils.diagnosis import diagnose
+
+FIXTURES = Path(__file__).parent / "fixtures" / "job"
+LOGS = Path(__file__).parent / "fixtures" / "logs"
+
+# The digests the captured containers carry (hostnet.llamafactory.digest).
+DIGEST_DEMO_RANK0 = "21435cc2ce05c521"  # inspect-exited-0.json
+DIGEST_CAPTURE_RANK0 = "ff205cb65880541b"  # inspect-exited-1.json
+DIGEST_CAPTURE_RANK1 = "71be230307bea743"  # inspect-running.json, inspect-killed-137.json
+
+
+def epoch(text: str, fraction: float = 0.0) -> float:
+    """Epoch seconds of 'YYYY-MM-DDTHH:MM:SS' (UTC) plus a fraction."""
+    fields = text.replace("T", "-").replace(":", "-").split("-")
+    return calendar.timegm(tuple(int(x) for x in fields)) + fraction
+
+
+def inspect(name: str) -> dict:
+    return json.loads((FIXTURES / f"inspect-{name}.json").read_text())
+
+
+def logs(name: str) -> tuple[list[str], float | None]:
+    return job.parse_logs(
+        (FIXTURES / f"logs-{name}.stdout").read_text(),
+        (FIXTURES / f"logs-{name}.stderr").read_text(),
+    )
+
+
+def listing(rank: int) -> dict[str, list[str]]:
+    """checkpoints-rankN.txt (`checkpoint-N: file file ...`) as {folder: [names inside]}."""
+    result = {}
+    for line in (FIXTURES / f"checkpoints-rank{rank}.txt").read_text().splitlines():
+        name, _, children = line.partition(":")
+        result[name.strip()] = children.split()
+    return result
+
+
+def report(name, rank, wanted=None, checkpoints=(), log=None, **extra) -> dict:
+    """One rank's report as job_status returns it (plus `rank` and `wanted`). `wanted` defaults
+    to the digest the container carries (the same job); name None: no container."""
+    container = job.container_state(inspect(name) if name else None)
+    result = {
+        "rank": rank,
+        "container": container,
+        "checkpoints": list(checkpoints),
+        "wanted": wanted or container.get("labels", {}).get(job.LABEL_DIGEST, "0" * 16),
+    }
+    if log:
+        result["log_lines"], result["last_output_at"] = logs(log)
+    result.update(extra)
+    return result
+
+
+# --- parse_time ---------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("text", "expected"),
+    [
+        ("2026-11-30T07:44:55.59434443Z", epoch("2026-11-30T07:44:55", 0.59434443)),
+        ("2026-11-30T07:52:15.168598578Z", epoch("2026-11-30T07:52:15", 0.168598578)),
+        ("2026-11-30T07:44:55Z", epoch("2026-11-30T07:44:55")),
+        (
+            "2026-11-30T07:45:38.627544162Z [INFO|modelcard.py:263] text",
+            epoch("2026-11-30T07:45:38", 0.627544162),
+        ),
+        ("0001-01-01T00:00:00Z", None),
+        ("", None),
+        (None, None),
+        ("not a time", None),
+    ],
+)
+def test_parse_time(text, expected):
+    result = job.parse_time(text)
+    if expected is None:
+        assert result is None
+    else:
+        assert result == pytest.approx(expected, abs=1e-6)
+
+
+# --- container_state ----------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("name", "state", "code", "digest", "rank", "started", "finished", "short_id"),
+    [
+        (
+            "running",
+            "running",
+            0,
+            DIGEST_CAPTURE_RANK1,
+            "1",
+            epoch("2026-11-30T07:51:33", 0.118172118),
+            None,
+            "161a9b56895e",
+        ),
+        (
+            "exited-0",
+            "exited",
+            0,
+            DIGEST_DEMO_RANK0,
+            "0",
+            epoch("2026-11-30T07:44:55", 0.59434443),
+            epoch("2026-11-30T07:45:43", 0.336537192),
+            "37c17fa1883a",
+        ),
+        (
+            "killed-137",
+            "exited",
+            137,
+            DIGEST_CAPTURE_RANK1,
+            "1",
+            epoch("2026-11-30T07:51:33", 0.118172118),
+            epoch("2026-11-30T07:52:15", 0.168598578),
+            "161a9b56895e",
+        ),
+        (
+            "exited-1",
+            "exited",
+            1,
+            DIGEST_CAPTURE_RANK0,
+            "0",
+            epoch("2026-11-30T07:51:33", 0.093179228),
+            epoch("2026-11-30T07:52:18", 0.840038505),
+            "984742571f2c",
+        ),
+    ],
+)
+def test_container_state_of_captured_inspects(
+    name, state, code, digest, rank, started, finished, short_id
+):
+    result = job.container_state(inspect(name))
+    assert result["state"] == state
+    assert result["exit_code"] == code
+    assert result["oom_killed"] is False
+    assert result["error"] == ""
+    assert result["id"] == short_id
+    assert result["image"] == "hostnet-llamafactory/llamafactory:0.9.5-cpu"
+    assert result["labels"][job.LABEL_DIGEST] == digest
+    assert result["labels"][job.LABEL_RANK] == rank
+    assert result["labels"][job.LABEL_JOB] == ("demo" if name == "exited-0" else "capture")
+    assert result["started_at"] == pytest.approx(started, abs=1e-6)
+    if finished is None:
+        assert result["finished_at"] is None
+    else:
+        assert result["finished_at"] == pytest.approx(finished, abs=1e-6)
+
+
+def test_container_state_missing_and_oom():
+    assert job.container_state(None) == {"state": "missing"}
+    assert job.container_state({}) == {"state": "missing"}
+    raw = copy.deepcopy(inspect("killed-137"))
+    raw["State"]["OOMKilled"] = True
+    raw["Config"]["Labels"] = None
+    result = job.container_state(raw)
+    assert result["oom_killed"] is True
+    assert result["labels"] == {}
+
+
+# --- parse_logs ---------------------------------------------------------------------------
+
+
+def test_parse_logs_merges_streams_in_time_order():
+    stdout = (FIXTURES / "logs-finished.stdout").read_text()
+    stderr = (FIXTURES / "logs-finished.stderr").read_text()
+    expected = [
+        "  train_runtime            = 0:00:03.23",
+        "  train_samples_per_second =     14.827",
+        "  train_steps_per_second   =      3.707",
+        "Figure saved at: /var/lib/llamafactory/jobs/demo/output/training_loss.png",
+        "[WARNING|2026-11-30 07:45:38] llamafactory.extras.ploting:149 >> "
+        "No metric eval_loss to plot.",
+        "[WARNING|2026-11-30 07:45:38] llamafactory.extras.ploting:149 >> "
+        "No metric eval_accuracy to plot.",
+        "[INFO|modelcard.py:263] 2026-11-30 07:45:38,627 >> Dropping the following result as "
+        "it does not have all the necessary fields:",
+        "{'task': {'name': 'Causal Language Modeling', 'type': 'text-generation'}}",
+    ]
+    newest = epoch("2026-11-30T07:45:38", 0.627644621)
+    for streams in ((stdout, stderr), (stderr, stdout)):
+        lines, last = job.parse_logs(*streams)
+        assert lines == expected
+        assert last == pytest.approx(newest, abs=1e-6)
+
+
+def test_parse_logs_interleaves_by_time():
+    stdout = "2026-11-30T07:00:01.000000001Z out 1\n2026-11-30T07:00:03Z out 3\n"
+    stderr = "2026-11-30T07:00:02.5Z err 2\n2026-11-30T07:00:04.25Z err 4\n"
+    lines, last = job.parse_logs(stdout, stderr)
+    assert lines == ["out 1", "err 2", "out 3", "err 4"]
+    assert last == pytest.approx(epoch("2026-11-30T07:00:04", 0.25))
+
+
+def test_parse_logs_of_a_killed_rank_and_empty_logs():
+    lines, last = logs("killed")
+    assert len(lines) == 40
+    assert lines[0] == '  "pretraining_tp": 1,'
+    assert lines[-1] == "  return func(*args, **kwargs)"
+    assert "" in lines  # a blank line with a timestamp is kept as a line
+    assert last == pytest.approx(epoch("2026-11-30T07:52:14", 0.935407402))
+    assert job.parse_logs("", None) == ([], None)
+
+
+def test_parse_logs_keeps_untimestamped_lines_last():
+    lines, last = job.parse_logs("plain line\n2026-11-30T07:00:01Z stamped\n\n")
+    assert lines == ["stamped", "plain line"]
+    assert last == pytest.approx(epoch("2026-11-30T07:00:01"))
+
+
+@pytest.mark.xfail(
+    strict=True,
+    reason="parse_logs splits with str.splitlines(), which also splits on '\\r': the "
+    "progress-bar frames become separate untimestamped lines moved to the end of the log "
+    "instead of being reduced to the last frame",
+)
+def test_parse_logs_keeps_the_last_carriage_return_frame():
+    stderr = (
+        "2026-11-30T07:00:01Z  10%|#         | 1/10 [00:01<00:09]\r"
+        " 50%|#####     | 5/10 [00:05<00:05]\r"
+        "100%|##########| 10/10 [00:10<00:00]\n"
+        "2026-11-30T07:00:02Z {'loss': 5.6857}\n"
+    )
+    lines, _ = job.parse_logs("", stderr)
+    assert lines == ["100%|##########| 10/10 [00:10<00:00]", "{'loss': 5.6857}"]
+
+
+# --- last_progress ------------------------------------------------------------------------
+
+
+def test_last_progress_of_the_captured_tail_carries_the_loss_over():
+    tail = (FIXTURES / "trainer_log-tail.jsonl").read_text()
+    assert "loss" not in json.loads(tail.splitlines()[-1])  # the real last record has none
+    assert job.last_progress(tail) == {
+        "step": 400,
+        "total": 400,
+        "loss": 5.685694694519043,
+        "percentage": 100.0,
+    }
+
+
+def test_last_progress_skips_partial_and_foreign_lines():
+    tail = (
+        '_steps": 3, "total_steps": 10}\n'  # a line cut by the tail
+        '{"current_steps": 4, "total_steps": 10, "loss": 2.5, "percentage": 40.0}\n'
+        '["not", "a", "record"]\n'
+        '{"eval_loss": 1.0}\n'
+        '{"current_steps": 5, "total_steps": 10, "loss": 2.25, "percentage": 50.0}\n'
+    )
+    assert job.last_progress(tail) == {"step": 5, "total": 10, "loss": 2.25, "percentage": 50.0}
+    assert job.last_progress("") is None
+    assert job.last_progress(None) is None
+    assert job.last_progress('{"current_steps": 1, "total_steps": 2}') == {
+        "step": 1,
+        "total": 2,
+        "loss": None,
+        "percentage": None,
+    }
+
+
+# --- checkpoints --------------------------------------------------------------------------
+
+
+def test_complete_checkpoints_of_both_captured_ranks():
+    rank0, rank1 = listing(0), listing(1)
+    assert "latest" in rank0["checkpoint-10"] and "latest" not in rank1["checkpoint-10"]
+    assert job.complete_checkpoints(rank0) == [10]
+    assert job.complete_checkpoints(rank1) == [10]
+
+
+def test_incomplete_checkpoints_are_left_out():
+    files = listing(1)["checkpoint-10"]
+    without_state = [f for f in files if f != "trainer_state.json"]
+    without_shards = [f for f in files if f != "global_step10"]
+    listing_ = {
+        "checkpoint-10": files,
+        # still being written: no trainer state yet
+        "checkpoint-20": [f if f != "global_step10" else "global_step20" for f in without_state],
+        # DeepSpeed used (a shard folder is there) but not this step's
+        "checkpoint-30": [*without_shards, "global_step20"],
+        # no DeepSpeed at all: the trainer state is enough
+        "checkpoint-40": [f for f in without_shards if f != "rng_state_1.pth"],
+        # sorted by step, not by name
+        "checkpoint-5": [f if f != "global_step10" else "global_step5" for f in files],
+        # a shard folder of another step only: not this checkpoint's
+        "checkpoint-50": files,
+        "checkpoint-last": files,
+        "runs": ["events.out.tfevents"],
+    }
+    assert job.complete_checkpoints(listing_) == [5, 10, 40]
+    assert job.complete_checkpoints({}) == []
+    assert job.complete_checkpoints(None) == []
+
+
+def test_common_checkpoint():
+    assert job.common_checkpoint([{"checkpoints": [4, 8, 12]}, {"checkpoints": [4, 8]}]) == 8
+    assert job.common_checkpoint([{"checkpoints": [12]}, {"checkpoints": [4, 8]}]) is None
+    assert job.common_checkpoint([{"checkpoints": [10]}, {}]) is None
+    assert job.common_checkpoint([{"checkpoints": [10]}, {"checkpoints": [10]}]) == 10
+    assert job.common_checkpoint([]) is None
+
+
+# --- decide_launch ------------------------------------------------------------------------
+
+CKPT0 = job.complete_checkpoints(listing(0))
+CKPT1 = job.complete_checkpoints(listing(1))
+
+
+def decide(reports, restart_allowed=False):
+    return job.decide_launch(
+        reports,
+        restart_allowed=restart_allowed,
+        job="capture",
+        restart_var="launch_restart_on_change",
+    )
+
+
+def test_nothing_there_launches():
+    result = decide({"vm0": report(None, 0), "vm1": report(None, 1)})
+    assert result["action"] == "launch"
+    assert result["stop_first"] == []
+    assert result["resume"] is None and result["fresh"] is False
+    assert result["why"] == "job capture is not on the nodes: launching"
+
+
+def test_nothing_there_with_checkpoints_resumes():
+    result = decide(
+        {"vm0": report(None, 0, checkpoints=CKPT0), "vm1": report(None, 1, checkpoints=CKPT1)}
+    )
+    assert (result["action"], result["resume"], result["fresh"]) == ("launch", 10, False)
+    assert result["why"].endswith(", resuming from checkpoint-10")
+
+
+@pytest.mark.parametrize(
+    ("rank0", "rank1", "state"),
+    [
+        ("running", "running", "running"),
+        ("exited-0", "exited-0", "finished"),
+        ("exited-0", "running", "running"),
+    ],
+)
+def test_the_same_job_healthy_everywhere_is_kept(rank0, rank1, state):
+    result = decide({"vm1": report(rank1, 1), "vm0": report(rank0, 0)})
+    assert result["action"] == "keep"
+    assert result["state"] == state
+    assert result["stop_first"] == []
+    assert result["why"] == f"job capture is already {state}"
+
+
+@pytest.mark.parametrize(
+    ("rank0", "rank1", "state", "different"),
+    [
+        ("exited-0", "exited-0", "finished", "vm0, vm1"),
+        ("running", "running", "running", "vm0, vm1"),
+        ("exited-0", "running", "running", "vm0, vm1"),
+    ],
+)
+def test_a_different_config_is_refused_without_restart(rank0, rank1, state, different):
+    reports = {
+        "vm0": report(rank0, 0, wanted="0123456789abcdef"),
+        "vm1": report(rank1, 1, wanted="fedcba9876543210"),
+    }
+    result = decide(reports)
+    assert result["action"] == "refuse"
+    assert result["stop_first"] == []
+    why = result["why"]
+    assert f"job capture is {state} on {different} with a different configuration" in why
+    assert "launch_restart_on_change=true" in result["why"]
+    assert "nothing was changed" in result["why"]
+    # The filter's default names the variable even without restart_var.
+    plain = job.decide_launch(reports, job="capture")
+    assert "launch_restart_on_change" in plain["why"]
+
+
+def test_a_different_config_on_one_rank_only_is_refused():
+    reports = {
+        "vm0": report("running", 0),
+        "vm1": report("running", 1, wanted="fedcba9876543210"),
+    }
+    result = decide(reports)
+    assert result["action"] == "refuse"
+    assert "running on vm1 with a different configuration" in result["why"]
+
+
+def test_a_different_config_with_restart_allowed_stops_and_launches():
+    reports = {
+        "vm0": report("exited-0", 0, wanted="0123456789abcdef", checkpoints=CKPT0),
+        "vm1": report("running", 1, wanted="fedcba9876543210", checkpoints=CKPT1),
+    }
+    result = decide(reports, restart_allowed=True)
+    assert result["action"] == "launch"
+    assert result["stop_first"] == ["vm1"]
+    assert (result["resume"], result["fresh"]) == (10, False)
+    assert result["why"] == (
+        "job capture changed and launch_restart_on_change allows a restart, "
+        "resuming from checkpoint-10"
+    )
+
+
+def test_a_failed_rank_next_to_a_running_one_relaunches_from_the_common_checkpoint():
+    reports = {
+        "vm1": report("killed-137", 1, checkpoints=CKPT1),
+        "vm0": report("running", 0, checkpoints=CKPT0),
+    }
+    result = decide(reports)
+    assert result["action"] == "launch"
+    assert result["stop_first"] == ["vm0"]
+    assert result["resume"] == 10
+    assert result["fresh"] is False
+    assert result["why"] == (
+        "job capture did not finish (vm0 running, vm1 killed (SIGKILL, exit 137)): "
+        "launching again, resuming from checkpoint-10"
+    )
+
+
+def test_the_newest_common_checkpoint_is_resumed():
+    reports = {
+        "vm0": report("exited-1", 0, checkpoints=[4, 8, 12]),
+        "vm1": report("killed-137", 1, checkpoints=[4, 8]),
+    }
+    result = decide(reports)
+    assert (result["action"], result["stop_first"], result["resume"]) == ("launch", [], 8)
+
+
+def test_checkpoints_on_one_rank_only_start_fresh():
+    reports = {
+        "vm0": report("exited-1", 0, checkpoints=CKPT0),
+        "vm1": report("killed-137", 1, checkpoints=[]),
+    }
+    result = decide(reports)
+    assert result["action"] == "launch"
+    assert result["resume"] is None
+    assert result["fresh"] is True
+    assert "resuming" not in result["why"]
+
+
+def test_wanted_is_per_host_and_digest_the_fallback():
+    # The captured ranks carry different digests (the config differs per node rank).
+    reports = {"vm0": report("exited-1", 0), "vm1": report("running", 1)}
+    assert reports["vm0"]["wanted"] != reports["vm1"]["wanted"]
+    for r in reports.values():
+        del r["wanted"]
+    assert job.decide_launch(reports, digest=DIGEST_CAPTURE_RANK1, job="x")["action"] == "launch"
+    both_running = {"vm0": report("running", 0), "vm1": report("running", 1)}
+    for r in both_running.values():
+        del r["wanted"]
+    assert job.decide_launch(both_running, digest=DIGEST_CAPTURE_RANK1)["action"] == "keep"
+    assert job.decide_launch(both_running, digest="0" * 16)["action"] == "refuse"
+
+
+# --- verdict ------------------------------------------------------------------------------
+
+NOW = epoch("2026-11-30T07:52:20")
+
+
+def test_verdict_finished():
+    reports = {
+        "vm0": report("exited-0", 0, log="finished", received=NOW),
+        "vm1": report("exited-0", 1, log="finished", received=NOW),
+    }
+    result = job.verdict(reports, NOW, 600, 120)
+    assert result["state"] == "finished"
+    assert result["failed"] == [] and result["reasons"] == {}
+    assert result["line"].endswith("rank 0 exited with code 0, rank 1 exited with code 0")
+
+
+def test_verdict_failed_names_the_rank_that_failed_first():
+    # Captured together: rank 1 was killed at 07:52:15, rank 0 (torchrun) exited 1 at 07:52:18.
+    reports = {
+        "vm0": report("exited-1", 0, log="peer-killed", received=NOW),
+        "vm1": report("killed-137", 1, log="killed", received=NOW),
+    }
+    result = job.verdict(reports, NOW, 600, 120)
+    assert result["state"] == "failed"
+    assert result["failed"] == ["vm1", "vm0"]
+    assert result["reasons"] == {
+        "vm1": "killed (SIGKILL, exit 137)",
+        "vm0": "exited with code 1",
+    }
+
+
+def test_verdict_a_lost_container_fails():
+    reports = {
+        "vm0": report("running", 0, received=NOW, last_output_at=NOW - 1),
+        "vm1": report(None, 1, received=NOW),
+    }
+    result = job.verdict(reports, NOW, 600, 120)
+    assert result["state"] == "failed"
+    assert result["failed"] == ["vm1"]
+    assert result["reasons"] == {"vm1": "lost its container"}
+
+
+def test_verdict_a_rank_that_stopped_answering_fails_before_the_others():
+    reports = {
+        "vm0": report("running", 0, received=NOW, last_output_at=NOW - 1),
+        "vm1": report("running", 1, received=NOW - 300),
+        "vm2": report(None, 2, received=NOW),
+    }
+    result = job.verdict(reports, NOW, 600, 120)
+    assert result["state"] == "failed"
+    # stale since NOW-300, the missing container seen now
+    assert result["failed"] == ["vm1", "vm2"]
+    assert result["reasons"]["vm1"] == "stopped answering"
+    # just within stale_after: still answering
+    reports["vm1"]["received"] = NOW - 119
+    del reports["vm2"]
+    assert job.verdict(reports, NOW, 600, 120)["state"] == "running"
+
+
+def test_verdict_stalled_when_no_rank_wrote_for_stall_timeout():
+    started = job.container_state(inspect("running"))["started_at"]
+    now = started + 1000
+    reports = {
+        "vm0": report("running", 0, received=now, last_output_at=now - 700),
+        "vm1": report("running", 1, received=now, last_output_at=now - 650),
+    }
+    result = job.verdict(reports, now, 600, 120)
+    assert result["state"] == "stalled"
+    assert result["quiet"] == pytest.approx(650)
+    assert job.verdict(reports, now, 0, 120)["state"] == "running"  # 0: no stall check
+    reports["vm1"]["last_output_at"] = now - 10
+    assert job.verdict(reports, now, 600, 120)["state"] == "running"
+    # No output yet: quiet counts from the newest container start.
+    for r in reports.values():
+        r["last_output_at"] = None
+    assert job.verdict(reports, started + 500, 600, 120)["state"] == "running"
+    assert job.verdict(reports, started + 700, 600, 120)["state"] == "stalled"
+
+
+def test_verdict_running_with_progress_line():
+    tail = (FIXTURES / "trainer_log-tail.jsonl").read_text()
+    reports = {
+        "vm0": report("running", 0, received=NOW, last_output_at=NOW - 5),
+        "vm1": report("exited-0", 1, received=NOW, progress=job.last_progress(tail)),
+    }
+    result = job.verdict(reports, NOW, 600, 120)
+    assert result["state"] == "running"
+    assert result["progress"]["step"] == 400
+    assert result["line"] == (
+        "step 400/400 loss 5.6857 | rank 0 running, rank 1 exited with code 0"
+    )
+
+
+def test_progress_line_while_starting_shows_the_newest_log_line():
+    reports = {
+        "vm0": report("exited-1", 0, log="peer-killed"),
+        "vm1": report("killed-137", 1, log="killed"),
+    }
+    newest = reports["vm0"]["log_lines"][-1]
+    assert newest.startswith("subprocess.CalledProcessError: Command '['torchrun'")
+    line = job.progress_line(reports, ["vm0", "vm1"], None)
+    assert line == (
+        f"starting: {newest[:90]} | rank 0 exited with code 1, rank 1 killed (SIGKILL, exit 137)"
+    )
+    reports["vm0"]["log_lines"] = ["", "  "]
+    assert job.progress_line(reports, ["vm0", "vm1"], None).startswith("starting | rank 0")
+    no_total = job.progress_line(reports, ["vm0"], {"step": 3, "total": None, "loss": None})
+    assert no_total == "step 3/? | rank 0 exited with code 1"
+
+
+# --- failure_message ----------------------------------------------------------------------
+
+
+def captured_failure():
+    reports = {
+        "vm0": report("exited-1", 0, log="peer-killed", received=NOW),
+        "vm1": report("killed-137", 1, log="killed", received=NOW),
+    }
+    return reports, job.verdict(reports, NOW, 600, 120)
+
+
+def test_failure_message_of_the_captured_failure():
+    reports, result = captured_failure()
+    message = job.failure_message("capture", result, reports)
+    lines = message.splitlines()
+    assert lines[0] == "job capture failed: rank 1 (vm1) killed (SIGKILL, exit 137) first."
+    assert lines[1] == "Then: rank 0 (vm0) exited with code 1."
+    assert "The other ranks were stopped" in lines[2]
+    assert lines[3] == "Last log lines of rank 1:"
+    tail = lines[4:]
+    assert len(tail) == 15
+    # The killed rank's last 40 lines repeat two FutureWarnings: each shown once.
+    assert tail[-1] == "  (23 repeated lines left out)"
+    assert sum("FutureWarning" in line for line in tail) == 2
+    assert tail.count("    return func(*args, **kwargs)") == 1
+    assert "  [INFO|tokenization_utils_base.py:2111]" in "\n".join(tail)
+    assert "Cause" not in message  # no diagnose given
+
+
+def test_failure_message_with_the_diagnosis_table():
+    reports, result = captured_failure()
+    assert "Cause" not in job.failure_message("capture", result, reports, diagnose=diagnose)
+    reports["vm0"]["log_lines"] += (LOGS / "gloo-loopback.log").read_text().splitlines()
+    message = job.failure_message("capture", result, reports, diagnose=diagnose)
+    assert "Cause (gloo-loopback, vm0): Gloo bound a loopback address" in message
+    assert "\nFix: Set GLOO_SOCKET_IFNAME to the training NIC" in message
+    # The diagnosis looks at every rank's log, not only the failing one's tail.
+    assert message.index("Last log lines of rank 1:") < message.index("Cause (")
+
+
+def test_failure_message_of_a_single_failure_without_logs():
+    reports = {"vm0": report("running", 0, received=NOW), "vm1": report(None, 1, received=NOW)}
+    result = job.verdict(reports, NOW, 600, 120)
+    message = job.failure_message("demo", result, reports, diagnose=diagnose)
+    assert message.splitlines()[0] == "job demo failed: rank 1 (vm1) lost its container first."
+    assert "Then:" not in message
+    assert "Last log lines" not in message
+
+
+@pytest.mark.xfail(
+    strict=True,
+    reason="failure_message never says how far training got: result['progress'] is not used, "
+    "so the message has no 'at step N/M'",
+)
+def test_failure_message_says_at_which_step():
+    reports, _ = captured_failure()
+    reports["vm0"]["progress"] = {"step": 10, "total": 400, "loss": 5.9, "percentage": 2.5}
+    result = job.verdict(reports, NOW, 600, 120)
+    assert result["progress"]["step"] == 10
+    message = job.failure_message("capture", result, reports)
+    assert "at step 10/400" in message.splitlines()[0]
+
+
+def test_condense():
+    assert job.condense(["a", "b", "a", "c", "b", "a"]) == [
+        "a",
+        "b",
+        "c",
+        "(3 repeated lines left out)",
+    ]
+    assert job.condense(["a", "b"]) == ["a", "b"]
+    assert job.condense([]) == []
+
+
+# --- describe -----------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("container", "expected"),
+    [
+        ({"state": "exited", "exit_code": 0}, "exited with code 0"),
+        ({"state": "exited", "exit_code": 1}, "exited with code 1"),
+        ({"state": "exited", "exit_code": 137}, "killed (SIGKILL, exit 137)"),
+        ({"state": "exited", "exit_code": 143}, "stopped (SIGTERM, exit 143)"),
+        (
+            {"state": "exited", "exit_code": 137, "oom_killed": True},
+            "killed by the kernel's OOM killer (exit 137)",
+        ),
+        ({"state": "missing"}, "has no container"),
+        (None, "has no container"),
+        ({"state": "running", "exit_code": 0}, "running"),
+        ({"state": "paused"}, "paused"),
+    ],
+)
+def test_describe(container, expected):
+    assert job.describe({"container": container}) == expected
+
+
+@pytest.mark.parametrize(
+    ("name", "expected"),
+    [
+        ("running", "running"),
+        ("exited-0", "exited with code 0"),
+        ("exited-1", "exited with code 1"),
+        ("killed-137", "killed (SIGKILL, exit 137)"),
+    ],
+)
+def test_describe_captured(name, expected):
+    assert job.describe(report(name, 0)) == expected

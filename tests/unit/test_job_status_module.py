@@ -1,0 +1,96 @@
+"""The node-side helpers of the job_status module: the end of trainer_log.jsonl and the listing of
+the checkpoint folders (what job.last_progress and job.complete_checkpoints are given)."""
+
+import json
+import os
+import time
+from pathlib import Path
+
+import pytest
+from ansible_collections.hostnet.llamafactory.plugins.module_utils import job
+from ansible_collections.hostnet.llamafactory.plugins.modules import job_status
+
+FIXTURES = Path(__file__).parent / "fixtures" / "job"
+
+
+def record(step: int) -> str:
+    return json.dumps(
+        {
+            "current_steps": step,
+            "total_steps": 4000,
+            "loss": 5.0 + step / 10000,
+            "percentage": round(step / 40, 2),
+            "elapsed_time": "0:01:04",
+        }
+    )
+
+
+def test_a_small_trainer_log_is_returned_whole(tmp_path):
+    text = (FIXTURES / "trainer_log-tail.jsonl").read_text()
+    (tmp_path / "trainer_log.jsonl").write_text(text)
+    assert job_status.trainer_log_tail(str(tmp_path)) == text
+    assert job.last_progress(job_status.trainer_log_tail(str(tmp_path)))["step"] == 400
+
+
+def test_a_big_trainer_log_ends_at_line_boundaries(tmp_path):
+    lines = [record(step) for step in range(1, 1001)]
+    text = "\n".join(lines) + "\n"
+    assert len(text) > 4 * job_status.TRAINER_LOG_TAIL_BYTES
+    (tmp_path / "trainer_log.jsonl").write_text(text)
+    tail = job_status.trainer_log_tail(str(tmp_path))
+    assert len(tail.encode()) <= job_status.TRAINER_LOG_TAIL_BYTES
+    assert text.endswith(tail)
+    assert len(tail) > job_status.TRAINER_LOG_TAIL_BYTES - len(lines[-1]) - 2
+    # Starts at the beginning of a line: every line is a whole record.
+    tail_lines = tail.splitlines()
+    assert tail_lines[0] in lines
+    assert all(json.loads(line)["current_steps"] for line in tail_lines)
+    assert tail_lines[-1] == lines[-1]
+    assert job.last_progress(tail)["step"] == 1000
+
+
+def test_a_trainer_log_of_an_earlier_run_is_ignored(tmp_path):
+    path = tmp_path / "trainer_log.jsonl"
+    path.write_text(record(10) + "\n")
+    written = time.time() - 3600
+    os.utime(path, (written, written))
+    # The container started after the file was last written: a resumed run's old log.
+    assert job_status.trainer_log_tail(str(tmp_path), since=written + 60) == ""
+    # Written at (or within a second before) the start: this run's.
+    assert job_status.trainer_log_tail(str(tmp_path), since=written + 0.5) == record(10) + "\n"
+    assert job_status.trainer_log_tail(str(tmp_path), since=written - 60) == record(10) + "\n"
+    assert job_status.trainer_log_tail(str(tmp_path), since=None) == record(10) + "\n"
+
+
+@pytest.mark.parametrize("since", [None, time.time()])
+def test_a_missing_trainer_log(tmp_path, since):
+    assert job_status.trainer_log_tail(str(tmp_path), since) == ""
+    assert job_status.trainer_log_tail(str(tmp_path / "absent"), since) == ""
+
+
+def test_checkpoint_listing_holds_only_checkpoint_folders(tmp_path):
+    for line in (FIXTURES / "checkpoints-rank1.txt").read_text().splitlines():
+        name, _, children = line.partition(":")
+        for child in children.split():
+            if child.startswith("global_step"):
+                (tmp_path / name / child).mkdir(parents=True)
+            else:
+                (tmp_path / name).mkdir(exist_ok=True)
+                (tmp_path / name / child).write_text("")
+    (tmp_path / "checkpoint-20").mkdir()  # being written
+    (tmp_path / "checkpoint-30").write_text("")  # a file, not a folder
+    (tmp_path / "checkpoint-final").mkdir()
+    (tmp_path / "runs").mkdir()
+    (tmp_path / "trainer_log.jsonl").write_text("")
+    listing = job_status.checkpoint_listing(str(tmp_path))
+    assert sorted(listing) == ["checkpoint-10", "checkpoint-20"]
+    assert sorted(listing["checkpoint-10"]) == sorted(
+        (FIXTURES / "checkpoints-rank1.txt").read_text().partition(":")[2].split()
+    )
+    assert listing["checkpoint-20"] == []
+    assert job.complete_checkpoints(listing) == [10]
+
+
+def test_checkpoint_listing_of_a_missing_folder(tmp_path):
+    assert job_status.checkpoint_listing(str(tmp_path / "absent")) == {}
+    assert job_status.checkpoint_listing(str(tmp_path)) == {}
