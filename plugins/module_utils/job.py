@@ -58,7 +58,8 @@ def parse_logs(*streams):
     of lines without timestamps, and the time of the newest line (None when empty)."""
     stamped = []
     for text in streams:
-        for line in (text or "").splitlines():
+        # Split on newlines only: a progress bar redraws with carriage returns inside a line.
+        for line in (text or "").split("\n"):
             match = TIMESTAMP.match(line)
             if match:
                 stamped.append((parse_time(line), match.group(3)))
@@ -106,7 +107,7 @@ def complete_checkpoints(listing):
         children = set(children)
         if "trainer_state.json" not in children:
             continue
-        deepspeed = [c for c in children if c.startswith("global_step")]
+        deepspeed = [c for c in children if c.startswith(("global_step", "zero_")) or c == "latest"]
         if deepspeed and "global_step%d" % step not in children:
             continue
         steps.append(step)
@@ -222,6 +223,8 @@ def verdict(reports, now, stall_timeout, stale_after):
             failed.append((report.get("received", 0), host, "stopped answering"))
         elif state == "missing":
             failed.append((now, host, "lost its container"))
+        elif state == "unknown":
+            failed.append((now, host, "could not be queried: %s" % report.get("error", "")))
         elif state in ("exited", "dead") and container.get("exit_code") != 0:
             failed.append((container.get("finished_at") or now, host, describe(report)))
     progress = None
@@ -246,7 +249,7 @@ def verdict(reports, now, stall_timeout, stale_after):
             result["quiet"] = quiet
         else:
             result["state"] = "running"
-    result["line"] = progress_line(reports, hosts, progress)
+    result["line"] = progress_line(reports, hosts, progress) if hosts else "no ranks"
     return result
 
 
@@ -271,9 +274,13 @@ def failure_message(job, result, reports, diagnose=None, lines=15):
     happened to the others, and the known causes found in every rank's log."""
     first = result["failed"][0]
     report = reports[first]
+    progress = result.get("progress") or {}
+    at = (
+        " at step %s/%s" % (progress["step"], progress.get("total")) if progress.get("step") else ""
+    )
     text = [
-        "job %s failed: rank %s (%s) %s first."
-        % (job, report.get("rank"), first, result["reasons"][first])
+        "job %s failed%s: rank %s (%s) %s first."
+        % (job, at, report.get("rank"), first, result["reasons"][first])
     ]
     others = [h for h in result["failed"][1:]]
     if others:
@@ -306,14 +313,16 @@ def failure_message(job, result, reports, diagnose=None, lines=15):
 
 
 def condense(lines):
-    """Log lines without the repeats (warnings printed every step), noting how many went."""
+    """Log lines without the repeats (warnings printed every step), each kept where it last
+    appeared, noting how many went."""
     seen, kept, dropped = set(), [], 0
-    for line in lines:
+    for line in reversed(lines):
         if line in seen:
             dropped += 1
             continue
         seen.add(line)
         kept.append(line)
+    kept.reverse()
     if dropped:
         kept.append("(%d repeated lines left out)" % dropped)
     return kept

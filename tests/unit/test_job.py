@@ -220,12 +220,6 @@ def test_parse_logs_keeps_untimestamped_lines_last():
     assert last == pytest.approx(epoch("2026-11-30T07:00:01"))
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="parse_logs splits with str.splitlines(), which also splits on '\\r': the "
-    "progress-bar frames become separate untimestamped lines moved to the end of the log "
-    "instead of being reduced to the last frame",
-)
 def test_parse_logs_keeps_the_last_carriage_return_frame():
     stderr = (
         "2026-11-30T07:00:01Z  10%|#         | 1/10 [00:01<00:09]\r"
@@ -619,11 +613,6 @@ def test_failure_message_of_a_single_failure_without_logs():
     assert "Last log lines" not in message
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="failure_message never says how far training got: result['progress'] is not used, "
-    "so the message has no 'at step N/M'",
-)
 def test_failure_message_says_at_which_step():
     reports, _ = captured_failure()
     reports["vm0"]["progress"] = {"step": 10, "total": 400, "loss": 5.9, "percentage": 2.5}
@@ -634,10 +623,11 @@ def test_failure_message_says_at_which_step():
 
 
 def test_condense():
+    # Each line stays where it last appeared (time order of the newest occurrences).
     assert job.condense(["a", "b", "a", "c", "b", "a"]) == [
-        "a",
-        "b",
         "c",
+        "b",
+        "a",
         "(3 repeated lines left out)",
     ]
     assert job.condense(["a", "b"]) == ["a", "b"]
@@ -679,3 +669,28 @@ def test_describe(container, expected):
 )
 def test_describe_captured(name, expected):
     assert job.describe(report(name, 0)) == expected
+
+
+def test_a_rank_that_cannot_be_queried_fails_the_job():
+    reports = {
+        "vm0": report("running", 0, received=NOW),
+        "vm1": {
+            "rank": 1,
+            "container": {"state": "unknown"},
+            "error": "docker: not found",
+            "received": NOW,
+        },
+    }
+    result = job.verdict(reports, NOW, 600, 120)
+    assert result["state"] == "failed" and result["failed"] == ["vm1"]
+    assert result["reasons"]["vm1"] == "could not be queried: docker: not found"
+
+
+def test_deepspeed_checkpoint_without_its_shard_folder_is_incomplete():
+    files = [f for f in listing(0)["checkpoint-10"] if f != "global_step10"]
+    assert "latest" in files
+    assert job.complete_checkpoints({"checkpoint-10": files}) == []
+
+
+def test_verdict_of_no_reports():
+    assert job.verdict({}, NOW, 600, 120)["line"] == "no ranks"
