@@ -1,0 +1,314 @@
+"""train.yml end to end on the local cluster: real LLaMA-Factory (LoRA SFT + DeepSpeed ZeRO-3,
+Gloo on CPU) across two VMs, each rank in a host-networked container of the VM's own Docker.
+
+Each test uses its own job name (its own containers, folders and port), so the tests share the
+session's cluster without depending on each other, except where a test says it continues one
+job (the re-run of `e2e` and the resume of `e2e-kill`).
+"""
+
+import json
+import threading
+import time
+
+import ansible_runner
+import pytest
+from conftest import ROOT, VM
+from localcluster import cluster, train_image
+
+TRAIN = "playbooks/train.yml"
+JOBS = "/var/lib/llamafactory/jobs"
+
+
+@pytest.fixture(scope="module")
+def train_cluster(test_cluster):
+    """The session's cluster with the training image in every VM."""
+    definition, state = test_cluster
+    train_image.load_cluster(definition, cluster.client())
+    return state["inventory"], [VM(node) for node in state["nodes"]]
+
+
+def play(inventory, tmp_path, job, playbook=TRAIN, check=False, **extravars):
+    """Run a playbook for `job`; (rc, stats, failures: host -> msg, events)."""
+    tmp_path.mkdir(parents=True, exist_ok=True)
+    runner = ansible_runner.run(
+        private_data_dir=str(tmp_path),
+        inventory=inventory,
+        playbook=str(ROOT / playbook),
+        extravars={
+            "llamafactory_job": job,
+            # One results folder for the runs of a test: a re-run finds the same files there.
+            "launch_results_dir": str(tmp_path.parent / "results"),
+            **extravars,
+        },
+        quiet=True,
+        timeout=900,
+        cmdline="--check" if check else None,
+    )
+    return summarize(runner)
+
+
+def summarize(runner):
+    failures = {}
+    for event in runner.events:
+        if event.get("event") == "runner_on_failed" and not event["event_data"].get(
+            "ignore_errors"
+        ):
+            data = event["event_data"]
+            failures[data["host"]] = {"task": data.get("task"), "msg": data["res"].get("msg", "")}
+    return runner.rc, runner.stats or {}, failures, list(runner.events)
+
+
+def container(vm, job):
+    result = vm.sh(f"docker inspect llamafactory-{job}", check=False)
+    return json.loads(result.stdout)[0] if result.returncode == 0 else None
+
+
+def logs(vm, job):
+    result = vm.sh(f"docker logs llamafactory-{job} 2>&1", check=False, timeout=60)
+    return result.stdout
+
+
+def trainer_steps(vm, job):
+    text = vm.sh(f"cat {JOBS}/{job}/output/trainer_log.jsonl", check=False).stdout
+    return [json.loads(line)["current_steps"] for line in text.splitlines() if line.strip()]
+
+
+def changed(stats):
+    return {host: count for host, count in (stats.get("changed") or {}).items() if count}
+
+
+@pytest.fixture(scope="module")
+def e2e(train_cluster, tmp_path_factory):
+    inventory, vms = train_cluster
+    tmp = tmp_path_factory.mktemp("e2e")
+    started = time.monotonic()
+    rc, stats, failures, events = play(inventory, tmp / "first", "e2e")
+    return {
+        "rc": rc,
+        "stats": stats,
+        "failures": failures,
+        "events": events,
+        "tmp": tmp,
+        "seconds": time.monotonic() - started,
+        "inventory": inventory,
+        "vms": vms,
+    }
+
+
+def test_two_nodes_train_the_failing_reports_stack(e2e):
+    assert e2e["rc"] == 0, e2e["failures"]
+    vm0, vm1 = e2e["vms"]
+    for vm, rank in ((vm0, 0), (vm1, 1)):
+        info = container(vm, "e2e")
+        assert info["State"]["Status"] == "exited" and info["State"]["ExitCode"] == 0
+        assert info["HostConfig"]["NetworkMode"] == "host"
+        assert info["HostConfig"]["IpcMode"] == "host"
+        assert info["Config"]["Labels"]["hostnet.llamafactory.job"] == "e2e"
+        assert info["Config"]["Labels"]["hostnet.llamafactory.rank"] == str(rank)
+        text = logs(vm, "e2e")
+        assert f"node rank: {rank}" in text
+        assert "world size: 2" in text  # both ranks joined one process group
+    # rank 0 logged the loss of every step and saved the LoRA adapter; every node holds one.
+    steps = trainer_steps(vm0, "e2e")
+    assert steps[-1] == 12 and len(steps) >= 12
+    for vm in (vm0, vm1):
+        vm.sh(f"test -s {JOBS}/e2e/output/adapter_model.safetensors")
+        # ZeRO-3: each node wrote its own shard of every checkpoint.
+        shards = vm.sh(f"ls {JOBS}/e2e/output/checkpoint-12/global_step12").stdout
+        assert f"zero_pp_rank_{vm is vm1:d}_mp_rank_00_model_states.pt" in shards
+
+
+def test_the_rank_environment_names_the_vpc_and_each_nodes_nic(e2e):
+    vm0, vm1 = e2e["vms"]
+    master = vm0.addresses()["ens4"]["ipv4"][0][0]
+    for vm, rank, nic in ((vm0, 0, "ens4"), (vm1, 1, "eth0")):
+        assert vm.sh(f"stat -c %a {JOBS}/e2e/env").stdout.strip() == "600"
+        env = dict(line.split("=", 1) for line in vm.sh(f"cat {JOBS}/e2e/env").stdout.splitlines())
+        assert env["NODE_RANK"] == env["RANK"] == str(rank)
+        assert env["NNODES"] == "2" and env["NPROC_PER_NODE"] == "1"
+        assert env["MASTER_ADDR"] == master  # the VPC address, not ansible_host (198.19.x)
+        assert env["NCCL_SOCKET_IFNAME"] == f"={nic}" and env["GLOO_SOCKET_IFNAME"] == nic
+        assert env["FORCE_TORCHRUN"] == "1" and env["OMP_NUM_THREADS"] == "1"
+        script = vm.sh(f"cat {JOBS}/e2e/launch.sh").stdout
+        vm.sh(f"sh -n {JOBS}/e2e/launch.sh")
+        assert "--network host" in script and f"--env-file {JOBS}/e2e/env" in script
+        config = vm.sh(f"cat {JOBS}/e2e/config.yaml").stdout
+        assert f"output_dir: {JOBS}/e2e/output" in config
+        assert f"deepspeed: {JOBS}/e2e/deepspeed.json" in config
+
+
+def test_results_reach_the_controller(e2e):
+    results = e2e["tmp"] / "results" / "e2e"
+    assert json.loads((results / "trainer_log.jsonl").read_text().splitlines()[-1])
+    assert (results / "training_loss.png").read_bytes()[:4] == b"\x89PNG"
+    assert "adapter_model.safetensors" in (results / "adapter-files.txt").read_text()
+    messages = [
+        str(e["event_data"]["res"].get("msg"))
+        for e in e2e["events"]
+        if e.get("event") == "runner_on_ok" and "Summarize" in str(e["event_data"].get("task"))
+    ]
+    assert messages and "job e2e finished: 12 steps" in messages[0]
+
+
+def test_a_second_run_changes_nothing(e2e):
+    vm0, vm1 = e2e["vms"]
+    before = [container(vm, "e2e") for vm in (vm0, vm1)]
+    rc, stats, failures, _ = play(e2e["inventory"], e2e["tmp"] / "second", "e2e")
+    assert rc == 0, failures
+    assert changed(stats) == {}
+    after = [container(vm, "e2e") for vm in (vm0, vm1)]
+    for old, new in zip(before, after, strict=True):
+        assert (new["Id"], new["State"]["StartedAt"]) == (old["Id"], old["State"]["StartedAt"])
+
+
+def test_a_changed_job_is_refused_and_left_alone(e2e):
+    vm0, _ = e2e["vms"]
+    before = container(vm0, "e2e")
+    rc, _, failures, _ = play(
+        e2e["inventory"],
+        e2e["tmp"] / "changed",
+        "e2e",
+        llamafactory_train_overrides={"learning_rate": 0.002},
+    )
+    assert rc != 0
+    assert "launch_restart_on_change=true" in failures["vm0"]["msg"]
+    after = container(vm0, "e2e")
+    assert (after["Id"], after["State"]["StartedAt"]) == (
+        before["Id"],
+        before["State"]["StartedAt"],
+    )
+
+
+def test_check_mode_launches_nothing(train_cluster, tmp_path):
+    inventory, vms = train_cluster
+    rc, _, failures, _ = play(inventory, tmp_path, "e2e-check", check=True)
+    assert rc == 0, failures
+    for vm in vms:
+        assert container(vm, "e2e-check") is None
+        assert vm.sh(f"test -e {JOBS}/e2e-check", check=False).returncode != 0
+
+
+def test_bad_input_stops_before_any_host_changes(train_cluster, tmp_path):
+    inventory, vms = train_cluster
+    rc, stats, failures, events = play(
+        inventory, tmp_path, "e2e-badnet", llamafactory_network_mode="bridge"
+    )
+    assert rc != 0
+    assert "llamafactory_network_mode is 'bridge'" in failures["vm0"]["msg"]
+    assert "Set llamafactory_network_mode=host" in failures["vm0"]["msg"]
+    assert changed(stats) == {}
+    roles = {str(e["event_data"].get("role")) for e in events if e.get("event") == "runner_on_ok"}
+    assert "docker_engine" not in roles and "gcp_firewall" not in roles
+    for vm in vms:
+        assert vm.sh(f"test -e {JOBS}/e2e-badnet", check=False).returncode != 0
+
+
+def test_a_dead_rank_stops_the_others_and_a_rerun_resumes(train_cluster, tmp_path):
+    inventory, (vm0, vm1) = train_cluster
+    job = "e2e-kill"
+    longer = {"llamafactory_train_overrides": {"max_steps": 150, "save_steps": 10}}
+    outcome = {}
+
+    def first_run():
+        outcome["result"] = play(inventory, tmp_path / "first", job, **longer)
+        outcome["ended"] = time.monotonic()
+
+    thread = threading.Thread(target=first_run)
+    thread.start()
+    shard = f"{JOBS}/{job}/output/checkpoint-10/global_step10"
+    deadline = time.monotonic() + 600
+    while time.monotonic() < deadline and thread.is_alive():
+        if all(vm.sh(f"test -d {shard}", check=False).returncode == 0 for vm in (vm0, vm1)):
+            break
+        time.sleep(0.5)
+    assert thread.is_alive(), f"the job ended before its first checkpoint: {outcome}"
+    time.sleep(1)
+    vm1.sh(f"docker kill llamafactory-{job}")
+    killed = time.monotonic()
+    thread.join(timeout=300)
+    assert not thread.is_alive(), "the playbook did not end after rank 1 died"
+    rc, _, failures, _ = outcome["result"]
+    assert rc != 0
+    assert outcome["ended"] - killed < 90  # polls every 2 s, stops the others at once
+    message = failures["vm0"]["msg"]
+    assert message.startswith(f"job {job} failed at step")
+    assert "rank 1 (vm1) killed (SIGKILL, exit 137) first" in message
+    state0 = container(vm0, job)["State"]
+    assert not state0["Running"]  # rank 0 was stopped, not left hanging
+    assert trainer_steps(vm0, job)[-1] < 150
+
+    rc, _, failures, events = play(inventory, tmp_path / "again", job, **longer)
+    assert rc == 0, failures
+    decision = next(
+        str(e["event_data"]["res"]["msg"])
+        for e in events
+        if e.get("event") == "runner_on_ok" and "Report the decision" in e["event_data"]["task"]
+    )
+    assert "resuming from checkpoint-" in decision
+    resumed_at = int(decision.rsplit("checkpoint-", 1)[1].split()[0])
+    assert resumed_at >= 10
+    assert f"global step {resumed_at}" in logs(vm0, job)
+    steps = trainer_steps(vm0, job)
+    restart = next(i for i in range(1, len(steps)) if steps[i] <= steps[i - 1])
+    assert steps[restart] == resumed_at + 1  # the resumed run's first step is not step 1
+    assert steps[-1] == 150
+
+
+def test_the_original_bridge_failure_is_stopped_and_named(train_cluster, tmp_path):
+    """The hand launch of the report: Docker's bridge, MASTER_PORT published on rank 0."""
+    inventory, vms = train_cluster
+    job = "e2e-bridge"
+    started = time.monotonic()
+    rc, _, failures, _ = play(
+        inventory, tmp_path, job, llamafactory_network_mode="bridge", launch_allow_bridge=True
+    )
+    assert rc != 0
+    assert time.monotonic() - started < 600
+    message = failures["vm0"]["msg"]
+    assert "Cause (gloo-bridge-address" in message and "Docker bridge address" in message
+    assert "llamafactory_network_mode host" in message
+    for vm in vms:
+        info = container(vm, job)
+        assert info["HostConfig"]["NetworkMode"] == "bridge"
+        assert not info["State"]["Running"]
+    assert "29" in str(container(vms[0], job)["HostConfig"]["PortBindings"])
+
+
+def test_status_stop_and_cleanup(e2e, tmp_path):
+    inventory, (vm0, vm1) = e2e["inventory"], e2e["vms"]
+    rc, _, failures, events = play(inventory, tmp_path / "status", "e2e", "playbooks/status.yml")
+    assert rc == 0, failures
+    shown = " ".join(
+        str(e["event_data"]["res"].get("msg"))
+        for e in events
+        if e.get("event") == "runner_on_ok" and "Show the rank" in e["event_data"]["task"]
+    )
+    assert "job e2e on vm0: rank 0 exited (exit 0), step 12/12" in shown
+    assert "job e2e on vm1: rank 1 exited (exit 0)" in shown
+    rc, stats, failures, _ = play(inventory, tmp_path / "stop", "e2e", "playbooks/stop.yml")
+    assert rc == 0 and changed(stats) == {}, failures  # nothing was running
+    rc, stats, failures, _ = play(inventory, tmp_path / "clean", "e2e", "playbooks/cleanup.yml")
+    assert rc == 0, failures
+    assert set(changed(stats)) == {"vm0", "vm1"}
+    for vm in (vm0, vm1):
+        assert container(vm, "e2e") is None
+        assert vm.sh(f"ls -A {JOBS}/e2e").stdout.split() == ["output"]  # outputs are kept
+    rc, stats, failures, _ = play(inventory, tmp_path / "again", "e2e", "playbooks/cleanup.yml")
+    assert rc == 0 and changed(stats) == {}, failures
+
+
+def test_forks_below_the_node_count_are_refused(train_cluster, tmp_path):
+    inventory, _ = train_cluster
+    tmp_path.mkdir(parents=True, exist_ok=True)
+    runner = ansible_runner.run(
+        private_data_dir=str(tmp_path),
+        inventory=inventory,
+        playbook=str(ROOT / TRAIN),
+        extravars={"llamafactory_job": "e2e-forks"},
+        quiet=True,
+        timeout=300,
+        forks=1,
+    )
+    rc, stats, failures, _ = summarize(runner)
+    assert rc != 0 and "forks is 1 but the job has 2 nodes" in failures["vm0"]["msg"]
+    assert changed(stats) == {}
