@@ -68,9 +68,11 @@ def parse_logs(*streams):
     ordered = sorted(
         (pair for pair in stamped if pair[0] is not None), key=lambda pair: pair[0]
     ) + [pair for pair in stamped if pair[0] is None]
-    last = max([t for t, _ in stamped if t is not None] or [None], key=lambda t: t or 0)
+    last = max(
+        [when for when, _line in stamped if when is not None] or [None], key=lambda t: t or 0
+    )
     # Progress bars redraw with carriage returns: keep the last frame of each line.
-    lines = [text.rstrip().split("\r")[-1] for _, text in ordered]
+    lines = [text.rstrip().split("\r")[-1] for _when, text in ordered]
     return lines, last
 
 
@@ -234,8 +236,8 @@ def verdict(reports, now, stall_timeout, stale_after):
     if failed:
         failed.sort()
         result["state"] = "failed"
-        result["failed"] = [host for _, host, _ in failed]
-        result["reasons"] = dict((host, why) for _, host, why in failed)
+        result["failed"] = [host for _when, host, _why in failed]
+        result["reasons"] = dict((host, why) for _when, host, why in failed)
     elif hosts and all(_succeeded(reports[h]) for h in hosts):
         result["state"] = "finished"
     else:
@@ -282,7 +284,7 @@ def failure_message(job, result, reports, diagnose=None, lines=15):
         "job %s failed%s: rank %s (%s) %s first."
         % (job, at, report.get("rank"), first, result["reasons"][first])
     ]
-    others = [h for h in result["failed"][1:]]
+    others = list(result["failed"][1:])
     if others:
         text.append(
             "Then: "

@@ -51,9 +51,11 @@ options:
 attributes:
   check_mode:
     support: full
-    details: In check mode a running container is reported as it would be stopped, not stopped.
+    description: Runs in check mode; a running container is then reported as it would be
+      stopped, not stopped.
   diff_mode:
     support: none
+    description: Reports no diff.
 """
 
 EXAMPLES = r"""

@@ -74,11 +74,14 @@ options:
 attributes:
   check_mode:
     support: none
-    details: Skipped in check mode.
+    description: Skipped in check mode (there is no job to wait for).
   diff_mode:
     support: none
+    description: Reports no diff.
   action:
     support: full
+    description: Runs on the controller as an action plugin, querying each node through its
+      own connection.
 """
 
 EXAMPLES = r"""

@@ -153,7 +153,7 @@ def test_results_reach_the_controller(e2e):
 def test_a_second_run_changes_nothing(e2e):
     vm0, vm1 = e2e["vms"]
     before = [container(vm, "e2e") for vm in (vm0, vm1)]
-    rc, stats, failures, _ = play(e2e["inventory"], e2e["tmp"] / "second", "e2e")
+    rc, stats, failures, _events = play(e2e["inventory"], e2e["tmp"] / "second", "e2e")
     assert rc == 0, failures
     assert changed(stats) == {}
     after = [container(vm, "e2e") for vm in (vm0, vm1)]
@@ -162,9 +162,9 @@ def test_a_second_run_changes_nothing(e2e):
 
 
 def test_a_changed_job_is_refused_and_left_alone(e2e):
-    vm0, _ = e2e["vms"]
+    vm0 = e2e["vms"][0]
     before = container(vm0, "e2e")
-    rc, _, failures, _ = play(
+    rc, _stats, failures, _events = play(
         e2e["inventory"],
         e2e["tmp"] / "changed",
         "e2e",
@@ -181,7 +181,7 @@ def test_a_changed_job_is_refused_and_left_alone(e2e):
 
 def test_check_mode_launches_nothing(train_cluster, tmp_path):
     inventory, vms = train_cluster
-    rc, _, failures, _ = play(inventory, tmp_path, "e2e-check", check=True)
+    rc, _stats, failures, _events = play(inventory, tmp_path, "e2e-check", check=True)
     assert rc == 0, failures
     for vm in vms:
         assert container(vm, "e2e-check") is None
@@ -227,7 +227,7 @@ def test_a_dead_rank_stops_the_others_and_a_rerun_resumes(train_cluster, tmp_pat
     killed = time.monotonic()
     thread.join(timeout=300)
     assert not thread.is_alive(), "the playbook did not end after rank 1 died"
-    rc, _, failures, _ = outcome["result"]
+    rc, _stats, failures, _events = outcome["result"]
     assert rc != 0
     assert outcome["ended"] - killed < 90  # polls every 2 s, stops the others at once
     message = failures["vm0"]["msg"]
@@ -237,7 +237,7 @@ def test_a_dead_rank_stops_the_others_and_a_rerun_resumes(train_cluster, tmp_pat
     assert not state0["Running"]  # rank 0 was stopped, not left hanging
     assert trainer_steps(vm0, job)[-1] < 150
 
-    rc, _, failures, events = play(inventory, tmp_path / "again", job, **longer)
+    rc, _stats, failures, events = play(inventory, tmp_path / "again", job, **longer)
     assert rc == 0, failures
     decision = next(
         str(e["event_data"]["res"]["msg"])
@@ -259,7 +259,7 @@ def test_the_original_bridge_failure_is_stopped_and_named(train_cluster, tmp_pat
     inventory, vms = train_cluster
     job = "e2e-bridge"
     started = time.monotonic()
-    rc, _, failures, _ = play(
+    rc, _stats, failures, _events = play(
         inventory, tmp_path, job, llamafactory_network_mode="bridge", launch_allow_bridge=True
     )
     assert rc != 0
@@ -276,7 +276,9 @@ def test_the_original_bridge_failure_is_stopped_and_named(train_cluster, tmp_pat
 
 def test_status_stop_and_cleanup(e2e, tmp_path):
     inventory, (vm0, vm1) = e2e["inventory"], e2e["vms"]
-    rc, _, failures, events = play(inventory, tmp_path / "status", "e2e", "playbooks/status.yml")
+    rc, _stats, failures, events = play(
+        inventory, tmp_path / "status", "e2e", "playbooks/status.yml"
+    )
     assert rc == 0, failures
     shown = " ".join(
         str(e["event_data"]["res"].get("msg"))
@@ -285,20 +287,24 @@ def test_status_stop_and_cleanup(e2e, tmp_path):
     )
     assert "job e2e on vm0: rank 0 exited (exit 0), step 12/12" in shown
     assert "job e2e on vm1: rank 1 exited (exit 0)" in shown
-    rc, stats, failures, _ = play(inventory, tmp_path / "stop", "e2e", "playbooks/stop.yml")
+    rc, stats, failures, _events = play(inventory, tmp_path / "stop", "e2e", "playbooks/stop.yml")
     assert rc == 0 and changed(stats) == {}, failures  # nothing was running
-    rc, stats, failures, _ = play(inventory, tmp_path / "clean", "e2e", "playbooks/cleanup.yml")
+    rc, stats, failures, _events = play(
+        inventory, tmp_path / "clean", "e2e", "playbooks/cleanup.yml"
+    )
     assert rc == 0, failures
     assert set(changed(stats)) == {"vm0", "vm1"}
     for vm in (vm0, vm1):
         assert container(vm, "e2e") is None
         assert vm.sh(f"ls -A {JOBS}/e2e").stdout.split() == ["output"]  # outputs are kept
-    rc, stats, failures, _ = play(inventory, tmp_path / "again", "e2e", "playbooks/cleanup.yml")
+    rc, stats, failures, _events = play(
+        inventory, tmp_path / "again", "e2e", "playbooks/cleanup.yml"
+    )
     assert rc == 0 and changed(stats) == {}, failures
 
 
 def test_forks_below_the_node_count_are_refused(train_cluster, tmp_path):
-    inventory, _ = train_cluster
+    inventory = train_cluster[0]
     tmp_path.mkdir(parents=True, exist_ok=True)
     runner = ansible_runner.run(
         private_data_dir=str(tmp_path),
@@ -309,6 +315,6 @@ def test_forks_below_the_node_count_are_refused(train_cluster, tmp_path):
         timeout=300,
         forks=1,
     )
-    rc, stats, failures, _ = summarize(runner)
+    rc, stats, failures, _events = summarize(runner)
     assert rc != 0 and "forks is 1 but the job has 2 nodes" in failures["vm0"]["msg"]
     assert changed(stats) == {}

@@ -43,7 +43,7 @@ def listing(rank: int) -> dict[str, list[str]]:
     """checkpoints-rankN.txt (`checkpoint-N: file file ...`) as {folder: [names inside]}."""
     result = {}
     for line in (FIXTURES / f"checkpoints-rank{rank}.txt").read_text().splitlines():
-        name, _, children = line.partition(":")
+        name, _colon, children = line.partition(":")
         result[name.strip()] = children.split()
     return result
 
@@ -227,7 +227,7 @@ def test_parse_logs_keeps_the_last_carriage_return_frame():
         "100%|##########| 10/10 [00:10<00:00]\n"
         "2026-11-30T07:00:02Z {'loss': 5.6857}\n"
     )
-    lines, _ = job.parse_logs("", stderr)
+    lines = job.parse_logs("", stderr)[0]
     assert lines == ["100%|##########| 10/10 [00:10<00:00]", "{'loss': 5.6857}"]
 
 
@@ -614,7 +614,7 @@ def test_failure_message_of_a_single_failure_without_logs():
 
 
 def test_failure_message_says_at_which_step():
-    reports, _ = captured_failure()
+    reports = captured_failure()[0]
     reports["vm0"]["progress"] = {"step": 10, "total": 400, "loss": 5.9, "percentage": 2.5}
     result = job.verdict(reports, NOW, 600, 120)
     assert result["progress"]["step"] == 10

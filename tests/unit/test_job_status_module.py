@@ -70,7 +70,7 @@ def test_a_missing_trainer_log(tmp_path, since):
 
 def test_checkpoint_listing_holds_only_checkpoint_folders(tmp_path):
     for line in (FIXTURES / "checkpoints-rank1.txt").read_text().splitlines():
-        name, _, children = line.partition(":")
+        name, _colon, children = line.partition(":")
         for child in children.split():
             if child.startswith("global_step"):
                 (tmp_path / name / child).mkdir(parents=True)

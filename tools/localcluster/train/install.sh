@@ -3,7 +3,8 @@
 # Installs LLaMA-Factory with CPU torch and DeepSpeed into the venv /opt/llamafactory.
 set -eu
 venv=/opt/llamafactory
-pip_wheel=$(ls /wheels/pip-*.whl | head -n 1)
+set -- /wheels/pip-*.whl
+pip_wheel=$1
 python3 -m venv --without-pip "$venv"
 pip() { "$venv/bin/python" "$pip_wheel/pip" "$@"; }
 # Run pip from its wheel (Debian's python3 has no ensurepip), then install it into the venv.

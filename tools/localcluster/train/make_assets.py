@@ -65,7 +65,7 @@ def records(count: int, rng: random.Random) -> list[dict]:
             {
                 "instruction": f"Explain how {topic[0]} relates to {topic[1]}.",
                 "input": "" if i % 3 else f"Context: {topic[2]}.",
-                "output": " ".join(rng.choice(WORDS) for _ in range(12 + i % 7)) + ".",
+                "output": " ".join(rng.choice(WORDS) for _word in range(12 + i % 7)) + ".",
             }
         )
     return out
