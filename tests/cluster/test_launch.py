@@ -179,6 +179,54 @@ def test_a_changed_job_is_refused_and_left_alone(e2e):
     )
 
 
+def test_a_rerun_attaches_to_the_running_job_and_a_change_restarts_when_allowed(
+    train_cluster, tmp_path
+):
+    inventory, vms = train_cluster
+    job = "e2e-attach"
+    longer = {"max_steps": 150, "save_steps": 50}  # still training when the re-run looks
+    rc, _stats, failures, _events = play(
+        inventory, tmp_path / "start", job, launch_wait=False, llamafactory_train_overrides=longer
+    )
+    assert rc == 0, failures
+    started = [container(vm, job) for vm in vms]
+    assert all(info["State"]["Running"] for info in started)
+    # A re-run while it trains: the running ranks are kept and waited for.
+    rc, _stats, failures, events = play(
+        inventory, tmp_path / "attach", job, llamafactory_train_overrides=longer
+    )
+    assert rc == 0, failures
+    assert "job e2e-attach is already running" in decision_of(events)
+    for vm, before in zip(vms, started, strict=True):
+        after = container(vm, job)
+        assert (after["Id"], after["State"]["StartedAt"]) == (
+            before["Id"],
+            before["State"]["StartedAt"],
+        )
+        assert after["State"]["ExitCode"] == 0 and not after["State"]["Running"]
+    # A changed job replaces the finished one only when allowed.
+    rc, _stats, failures, events = play(
+        inventory,
+        tmp_path / "restart",
+        job,
+        llamafactory_train_overrides={**longer, "learning_rate": 0.002},
+        launch_restart_on_change=True,
+    )
+    assert rc == 0, failures
+    assert "changed and launch_restart_on_change allows a restart" in decision_of(events)
+    for vm, before in zip(vms, started, strict=True):
+        assert container(vm, job)["Id"] != before["Id"]
+        assert "learning_rate: 0.002" in vm.sh(f"cat {JOBS}/{job}/config.yaml").stdout
+
+
+def decision_of(events):
+    return next(
+        str(e["event_data"]["res"]["msg"])
+        for e in events
+        if e.get("event") == "runner_on_ok" and "Report the decision" in e["event_data"]["task"]
+    )
+
+
 def test_check_mode_launches_nothing(train_cluster, tmp_path):
     inventory, vms = train_cluster
     rc, _stats, failures, _events = play(inventory, tmp_path, "e2e-check", check=True)
@@ -239,11 +287,7 @@ def test_a_dead_rank_stops_the_others_and_a_rerun_resumes(train_cluster, tmp_pat
 
     rc, _stats, failures, events = play(inventory, tmp_path / "again", job, **longer)
     assert rc == 0, failures
-    decision = next(
-        str(e["event_data"]["res"]["msg"])
-        for e in events
-        if e.get("event") == "runner_on_ok" and "Report the decision" in e["event_data"]["task"]
-    )
+    decision = decision_of(events)
     assert "resuming from checkpoint-" in decision
     resumed_at = int(decision.rsplit("checkpoint-", 1)[1].split()[0])
     assert resumed_at >= 10
