@@ -3,8 +3,10 @@
 # GNU General Public License v3.0+ (see LICENSE or https://www.gnu.org/licenses/gpl-3.0.txt)
 """Known multi-node failure signatures (the one table) and the function that applies it to logs.
 
-Each signature: id, a regular expression over one log line, the cause and the fix; {0}, {1}...
-in cause/fix are the expression's groups. Order matters: the first match of a line wins.
+Each signature: id, a regular expression over one log line, an example line (recorded here or
+quoted from the public report; the README's troubleshooting table shows it), the cause and the
+fix; {0}, {1}... in cause/fix are the expression's groups. Order matters: the first match of a
+line wins.
 """
 
 from __future__ import absolute_import, division, print_function
@@ -16,6 +18,8 @@ import re
 SIGNATURES = [
     {
         "id": "bridge-address",
+        "example": "NCCL WARN socketStartConnect: Connect to 172.17.0.2<49113> failed : Software"
+        " caused connection abort",
         # Docker's default bridge pools: 172.17.0.0/16 (docker0), then 172.18-31.
         "pattern": r"socketStartConnect: Connect to (172\.(?:1[7-9]|2\d|3[01])\.\d+\.\d+)"
         r"<\d+> failed",
@@ -27,6 +31,8 @@ SIGNATURES = [
     },
     {
         "id": "gloo-bridge-address",
+        "example": "Gloo connectFullMesh failed with [...] timed out connecting: SO_ERROR:"
+        " Connection refused, remote=[172.17.0.2]:50575",
         "pattern": r"Gloo connectFullMesh failed.*remote=\[(172\.(?:1[7-9]|2\d|3[01])\.\d+\.\d+)\]",
         "cause": "Gloo dials {0}, a Docker bridge address: the containers run on Docker's bridge "
         "network, every rank advertises its container's 172.x address (often the same one on "
@@ -36,6 +42,8 @@ SIGNATURES = [
     },
     {
         "id": "peer-crashed",
+        "example": "[...pair.cc:553] Connection closed by peer [198.18.0.11]:29351. This is"
+        " typically caused by a remote worker crashing.",
         "pattern": r"Connection closed by peer \[([^\]]+)\]",
         "cause": "The rank at {0} went away in the middle of a collective: this rank failed "
         "because another one died first.",
@@ -43,6 +51,8 @@ SIGNATURES = [
     },
     {
         "id": "peer-port-blocked",
+        "example": "NCCL WARN socketStartConnect: Connect to 10.128.0.6<41234> failed : Connection"
+        " refused",
         "pattern": r"socketStartConnect: Connect to (\d+\.\d+\.\d+\.\d+)<(\d+)> failed",
         "cause": "NCCL cannot open a connection to {0} port {1}: NCCL uses ephemeral ports "
         "between every pair of nodes, not only MASTER_PORT.",
@@ -51,6 +61,8 @@ SIGNATURES = [
     },
     {
         "id": "gloo-interface-missing",
+        "example": "RuntimeError: [...device.cc:83] ifa != nullptr. Unable to find address for:"
+        " eth0",
         "pattern": r"Unable to find address for: (\S+)",
         "cause": "GLOO_SOCKET_IFNAME (or NCCL_SOCKET_IFNAME) names {0}, an interface this host "
         "does not have; NIC names differ between images (ens4, eth0, enp0s12).",
@@ -59,6 +71,8 @@ SIGNATURES = [
     },
     {
         "id": "gloo-loopback",
+        "example": "RuntimeError: Gloo connectFullMesh failed with [...] no error; rank=1;"
+        " remote=[127.0.0.1]:44379; Connection refused",
         "pattern": r"Gloo connectFullMesh failed.*remote=\[127\.0\.0\.1\]",
         "cause": "Gloo bound a loopback address: the host name resolves to 127.0.0.1 and no "
         "GLOO_SOCKET_IFNAME was set.",
@@ -67,6 +81,8 @@ SIGNATURES = [
     },
     {
         "id": "network-unreachable",
+        "example": "RuntimeError: [...pair.cc:144] connect [198.18.0.10]:33501: connect: Network is"
+        " unreachable",
         "pattern": r"connect: Network is unreachable",
         "cause": "A node uses an interface whose address cannot reach its peers.",
         "fix": "Train on the NIC that routes to MASTER_ADDR on every node (primary_nic with "
@@ -74,6 +90,8 @@ SIGNATURES = [
     },
     {
         "id": "master-unreachable",
+        "example": "[c10d] The client socket has failed to connect to any network address of"
+        " (198.19.0.10, 29555).",
         "pattern": r"failed to connect to any network address of \(([^,\s]+),\s*(\d+)\)",
         "cause": "The rendezvous at {0}:{1} (MASTER_ADDR:MASTER_PORT) cannot be reached: an "
         "external IP as MASTER_ADDR, a closed firewall, or rank 0 not started.",
