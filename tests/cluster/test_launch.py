@@ -12,7 +12,7 @@ import time
 
 import ansible_runner
 import pytest
-from conftest import ROOT, VM
+from conftest import ROOT, VM, run_playbook
 from localcluster import cluster, train_image
 
 TRAIN = "playbooks/train.yml"
@@ -29,20 +29,17 @@ def train_cluster(test_cluster):
 
 def play(inventory, tmp_path, job, playbook=TRAIN, check=False, **extravars):
     """Run a playbook for `job`; (rc, stats, failures: host -> msg, events)."""
-    tmp_path.mkdir(parents=True, exist_ok=True)
-    runner = ansible_runner.run(
-        private_data_dir=str(tmp_path),
-        inventory=inventory,
-        playbook=str(ROOT / playbook),
+    runner, _facts, _results = run_playbook(
+        inventory,
+        tmp_path,
+        playbook,
+        # One results folder for the runs of a test: a re-run finds the same files there.
         extravars={
             "llamafactory_job": job,
-            # One results folder for the runs of a test: a re-run finds the same files there.
             "launch_results_dir": str(tmp_path.parent / "results"),
             **extravars,
         },
-        quiet=True,
-        timeout=900,
-        cmdline="--check" if check else None,
+        check=check,
     )
     return summarize(runner)
 
