@@ -136,6 +136,7 @@ from ansible.module_utils.basic import AnsibleModule
 from ansible_collections.hostnet.llamafactory.plugins.module_utils import image_pull as pull
 
 RECORDS = "/run/hostnet-llamafactory/pulls"
+GRACE_S = 60
 
 
 def record_path(name):
@@ -193,7 +194,10 @@ def work(path, record, socket_path, auth):
     written = 0.0
     try:
         docker = pull.DockerSocket(socket_path)
-        events = docker.pull(record["image"], auth, read_timeout=max(1.0, deadline - time.time()))
+        # The action cancels the pull at the deadline; this margin only ends a pull whose
+        # controller went away (the daemon cancels a pull whose client disconnects).
+        limit = deadline + GRACE_S
+        events = docker.pull(record["image"], auth, read_timeout=max(1.0, limit - time.time()))
         for event in events:
             progress.feed(event)
             now = time.time()
@@ -201,8 +205,8 @@ def work(path, record, socket_path, auth):
                 record.update(progress=progress.snapshot())
                 write_record(path, record)
                 written = now
-            if now > deadline:
-                raise IOError("deadline reached")
+            if now > limit:
+                raise IOError("no controller cancelled the pull at its deadline")
         record.update(progress=progress.snapshot())
         if progress.error:
             record.update(state="failed", error=progress.error)

@@ -114,6 +114,24 @@ CATALOGUE = [
     ),
     ("wait-timeout", {"launch_wait_timeout": 0}, None, ["launch_wait_timeout"]),
     (
+        "pull-timeout",
+        {"launch_pull_timeout": "1h"},
+        None,
+        ["launch_pull_timeout (1h) positive seconds"],
+    ),
+    (
+        "registry-password-alone",
+        {"launch_registry_password": "token"},
+        None,
+        ["launch_registry_password is set but launch_registry_username is empty"],
+    ),
+    (
+        "registry-typo",
+        {"launch_registry_user": "oauth2accesstoken"},
+        None,
+        ["launch_registry_user (did you mean launch_registry_username?)"],
+    ),
+    (
         "bridge",
         {"llamafactory_network_mode": "bridge"},
         None,

@@ -3,6 +3,10 @@
 load-image: the training image (built once: LLaMA-Factory on a CPU torch) in every VM of a
 running cluster, and the demo's tiny model and dataset in .cache/assets.
 
+registry: a private registry (TLS, user and password) on a running cluster's VPC, trusted by its
+VMs, holding the training image (pushed once); prints the image name, the user and the password
+file, and makes the demo's assets.
+
 build [--kind vm|blank] [--platform P ...]: make sure the images exist; exits 3 when a platform's
 archive does not answer (that platform is then skipped, and said so)."""
 
@@ -13,14 +17,15 @@ import json
 import sys
 from pathlib import Path
 
-from . import cluster, images, spec, train_image
+from . import cluster, images, registry, spec, train_image
 from .util import ClusterError
 
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="localcluster", description=__doc__)
     parser.add_argument(
-        "command", choices=["up", "down", "status", "build", "images", "rmi", "load-image"]
+        "command",
+        choices=["up", "down", "status", "build", "images", "rmi", "load-image", "registry"],
     )
     parser.add_argument("--kind", choices=sorted(images.KINDS), default="vm", help="for build")
     parser.add_argument(
@@ -71,6 +76,15 @@ def main(argv: list[str] | None = None) -> int:
                     unreachable.append(name)
             if unreachable:
                 return 3
+        elif args.command == "registry":
+            docker_client = cluster.client()
+            train_image.ensure_assets(docker_client, cluster.cache_dir())
+            found = registry.start(definition, docker_client, cluster.cache_dir())
+            name = registry.push(
+                docker_client, found, train_image.TRAIN_IMAGE, registry.TRAIN_REPOSITORY
+            )
+            print(f"image: {name}\nuser: {found.username}")
+            print(f"password file: {found.ca.parent / 'password'}")
         elif args.command == "load-image":
             train_image.load_cluster(definition, cluster.client())
         elif args.command == "images":

@@ -316,3 +316,6 @@ def remove_images(client) -> None:
     for tag, _kind, _size in list_images(client):
         client.images.remove(tag, force=False)
         log(f"removed image {tag}")
+    for volume in client.volumes.list(filters={"label": IMAGE_LABEL}):
+        volume.remove()  # the registries' storage (fails while a cluster's registry uses it)
+        log(f"removed volume {volume.name}")

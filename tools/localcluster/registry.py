@@ -27,6 +27,11 @@ from .util import ClusterError, log, run, stream, wait_until
 
 REGISTRY_IMAGE = "hostnet-llamafactory/registry:2.8"
 PORT = 5000
+# The registry's storage outlives the clusters (like the cached images): an image is pushed once,
+# until `localcluster rmi`. The registries of several clusters may share it.
+STORAGE_VOLUME = "hostnet-llamafactory-registry-storage"
+TRAIN_REPOSITORY = "hostnet/llamafactory:0.9.5-cpu"
+MANIFEST_V2 = "application/vnd.docker.distribution.manifest.v2+json"
 HOST_OFFSET = 5  # the registry's address on the VPC: .5
 INSTALL = (
     "set -e; export DEBIAN_FRONTEND=noninteractive; apt-get update -qq; "
@@ -160,6 +165,8 @@ def start(spec, client, cache_dir: Path, username: str = "trainer") -> Registry:
         secret.chmod(0o600)
     password = secret.read_text()
     image = ensure_image(client, cache_dir)
+    if not client.volumes.list(filters={"name": STORAGE_VOLUME}):
+        client.volumes.create(STORAGE_VOLUME, labels={images.IMAGE_LABEL: "registry-storage"})
     existing = client.containers.list(all=True, filters={"name": f"^{name}$"})
     if not existing:
         (folder / "config.yml").write_text(CONFIG)
@@ -186,6 +193,8 @@ def start(spec, client, cache_dir: Path, username: str = "trainer") -> Registry:
                 f"127.0.0.1::{PORT}",
                 "-v",
                 f"{folder}:/conf:ro",
+                "-v",
+                f"{STORAGE_VOLUME}:/var/lib/registry",
                 image,
                 "docker-registry",
                 "serve",
@@ -216,14 +225,17 @@ def start(spec, client, cache_dir: Path, username: str = "trainer") -> Registry:
             check=True,
             timeout=60,
         )
+    (folder / "address").write_text(address)
     log(f"registry {name}: {address} on the VPC, {local} here")
     return Registry(name, address, local, username, password, folder / "ca.crt")
 
 
-def _get(registry_local: str, ca: Path, path: str, auth: tuple[str, str] | None = None):
+def _get(registry_local: str, ca: Path, path: str, auth=None, accept: str | None = None):
     """GET https://<registry_local><path> verified against the test CA: (status, body)."""
     context = ssl.create_default_context(cafile=str(ca))
     request = urllib.request.Request(f"https://{registry_local}{path}")
+    if accept:
+        request.add_header("Accept", accept)
     if auth:
         token = base64.b64encode(f"{auth[0]}:{auth[1]}".encode()).decode()
         request.add_header("Authorization", f"Basic {token}")
@@ -237,9 +249,21 @@ def _get(registry_local: str, ca: Path, path: str, auth: tuple[str, str] | None 
 
 
 def push(client, registry: Registry, source: str, repository: str) -> str:
-    """Push a local image as <registry>/<repository>; returns the name the VMs pull."""
+    """Push a local image as <registry>/<repository> unless the registry has it (its manifest
+    names the same image ID); returns the name the VMs pull."""
     local_name = f"{registry.local}/{repository}"
     repo, tag = local_name.rsplit(":", 1)
+    path, _, wanted_tag = repository.rpartition(":")
+    status, body = _get(
+        registry.local,
+        registry.ca,
+        f"/v2/{path}/manifests/{wanted_tag}",
+        (registry.username, registry.password),
+        accept=MANIFEST_V2,
+    )
+    if status == 200 and json.loads(body)["config"]["digest"] == client.images.get(source).id:
+        log(f"registry: {repository} is {source} already")
+        return registry.image(repository)
     client.images.get(source).tag(repo, tag)
     started = time.monotonic()
     auth = {"username": registry.username, "password": registry.password}
