@@ -113,6 +113,7 @@ def credential_helper(name, server, timeout=30):
             input=server.encode("utf-8"),
             capture_output=True,
             timeout=timeout,
+            check=False,
         )
     except (OSError, subprocess.TimeoutExpired):
         return None

@@ -13,7 +13,7 @@ short_description: Pull a (multi-GB) image on every node with a deadline and pro
 version_added: 0.1.0
 description:
   - Pulls an image into the node's Docker daemon through the Engine API and reports how far it
-    got while it runs: bytes downloaded of the bytes known, layers done, throughput. An action
+    got while it runs (bytes downloaded of the bytes known, layers done, throughput). An action
     plugin on the controller starts the pull in the background on each node, polls it, prints
     progress and fails at O(timeout) with how far the pull got, cancelling it.
   - Credentials given as O(username)/O(password) travel only inside the module's arguments and
@@ -128,6 +128,7 @@ credentials:
 import hashlib
 import json
 import os
+import pwd
 import signal
 import tempfile
 import time
@@ -180,7 +181,8 @@ def node_auth(params, registry):
             "serveraddress": registry,
         }
         return auth, "arguments"
-    config_dir = os.environ.get("DOCKER_CONFIG") or os.path.expanduser("~/.docker")
+    home = os.environ.get("HOME") or pwd.getpwuid(os.getuid()).pw_dir
+    config_dir = os.environ.get("DOCKER_CONFIG") or os.path.join(home, ".docker")
     config = read_record(os.path.join(config_dir, "config.json"))
     return pull.config_auth(config, registry, pull.credential_helper)
 

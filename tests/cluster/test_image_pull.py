@@ -43,12 +43,13 @@ def private(test_cluster):
 
 def pull(private, tmp_path, **extravars):
     found, image, inventory, _vms = private
+    tmp_path.mkdir(parents=True, exist_ok=True)
     playbook = tmp_path / "pull.yml"
     playbook.write_text(PLAY)
     runner, _facts, results = run_playbook(
         inventory, tmp_path / "run", str(playbook), extravars={"image": image, **extravars}
     )
-    outcome = {host: items[-1]["res"] for host, items in results.items()}
+    outcome = {host: dict(items[-1]["res"], ok=items[-1]["ok"]) for host, items in results.items()}
     shown = "\n".join(event.get("stdout", "") for event in runner.events)
     everything = json.dumps(list(runner.events))
     assert found.password not in everything, "the registry password reached the play's output"
@@ -108,7 +109,7 @@ def test_refused_credentials_are_named(private, tmp_path, secret, expected):
     runner, outcome, _shown = pull(private, tmp_path, **extravars)
     assert runner.rc != 0
     for result in outcome.values():
-        assert result["failed"]
+        assert not result["ok"]
         assert expected in result["msg"]
         assert f"the registry {found.address} refused the credentials" in result["msg"]
         assert "launch_registry_username and launch_registry_password" in result["msg"]
@@ -140,7 +141,7 @@ def test_a_registry_that_never_answers_hits_the_deadline(private, tmp_path):
     runner, outcome, _shown = pull(private, tmp_path, image=image, pull_timeout=4)
     assert runner.rc != 0
     for host, result in outcome.items():
-        assert result.get("state") == "timed_out", (host, result)
+        assert not result["ok"] and result.get("state") == "timed_out", (host, result)
         assert (
             f"the pull of {image} did not finish within launch_pull_timeout (4 s)" in result["msg"]
         )

@@ -13,17 +13,30 @@ import time
 import ansible_runner
 import pytest
 from conftest import ROOT, VM, run_playbook
-from localcluster import cluster, train_image
+from localcluster import cluster, registry, train_image
 
 TRAIN = "playbooks/train.yml"
 JOBS = "/var/lib/llamafactory/jobs"
 
 
+# The training image in the cluster's private registry, with its credentials: every play of
+# these tests pulls it through the role (the first launch pulls 2 GB on each VM).
+PULL_VARS: dict = {}
+
+
 @pytest.fixture(scope="module")
 def train_cluster(test_cluster):
-    """The session's cluster with the training image in every VM."""
+    """The session's cluster, its registry holding the training image, the demo's assets."""
     definition, state = test_cluster
-    train_image.load_cluster(definition, cluster.client())
+    client = cluster.client()
+    train_image.ensure_assets(client, cluster.cache_dir())
+    found = registry.start(definition, client, cluster.cache_dir())
+    image = registry.push(client, found, train_image.TRAIN_IMAGE, registry.TRAIN_REPOSITORY)
+    PULL_VARS.update(
+        llamafactory_image=image,
+        launch_registry_username=found.username,
+        launch_registry_password=found.password,
+    )
     return state["inventory"], [VM(node) for node in state["nodes"]]
 
 
@@ -35,6 +48,7 @@ def play(inventory, tmp_path, job, playbook=TRAIN, check=False, **extravars):
         playbook,
         # One results folder for the runs of a test: a re-run finds the same files there.
         extravars={
+            **PULL_VARS,
             "llamafactory_job": job,
             "launch_results_dir": str(tmp_path.parent / "results"),
             **extravars,
@@ -100,11 +114,15 @@ def test_two_nodes_train_the_failing_reports_stack(e2e):
         assert info["State"]["Status"] == "exited" and info["State"]["ExitCode"] == 0
         assert info["HostConfig"]["NetworkMode"] == "host"
         assert info["HostConfig"]["IpcMode"] == "host"
+        assert info["Config"]["Image"] == PULL_VARS["llamafactory_image"]  # from the registry
         assert info["Config"]["Labels"]["hostnet.llamafactory.job"] == "e2e"
         assert info["Config"]["Labels"]["hostnet.llamafactory.rank"] == str(rank)
         text = logs(vm, "e2e")
         assert f"node rank: {rank}" in text
         assert "world size: 2" in text  # both ranks joined one process group
+    shown = "\n".join(event.get("stdout", "") for event in e2e["events"])
+    assert f"[vm1] pulled {PULL_VARS['llamafactory_image']}" in shown
+    assert PULL_VARS["launch_registry_password"] not in json.dumps(e2e["events"])
     # rank 0 logged the loss of every step and saved the LoRA adapter; every node holds one.
     steps = trainer_steps(vm0, "e2e")
     assert steps[-1] == 12 and len(steps) >= 12
@@ -354,7 +372,7 @@ def test_forks_below_the_node_count_are_refused(train_cluster, tmp_path):
         private_data_dir=str(tmp_path),
         inventory=inventory,
         playbook=str(ROOT / TRAIN),
-        extravars={"llamafactory_job": "e2e-forks"},
+        extravars={**PULL_VARS, "llamafactory_job": "e2e-forks"},
         quiet=True,
         timeout=300,
         forks=1,

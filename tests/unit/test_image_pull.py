@@ -63,7 +63,7 @@ def test_config_auth_reads_auths_like_the_docker_cli():
 
 def test_config_auth_docker_hub_key_and_identity_token():
     config = {"auths": {"https://index.docker.io/v1/": {"identitytoken": "tok"}}}
-    auth, _ = pull.config_auth(config, "docker.io")
+    auth = pull.config_auth(config, "docker.io")[0]
     assert auth == {"identitytoken": "tok", "serveraddress": "docker.io"}
 
 
@@ -229,7 +229,7 @@ class FakeDaemon:
     def serve(self):
         while True:
             try:
-                conn, _ = self.server.accept()
+                conn = self.server.accept()[0]
             except OSError:
                 return
             with conn:

@@ -4,8 +4,8 @@ load-image: the training image (built once: LLaMA-Factory on a CPU torch) in eve
 running cluster, and the demo's tiny model and dataset in .cache/assets.
 
 registry: a private registry (TLS, user and password) on a running cluster's VPC, trusted by its
-VMs, holding the training image (pushed once); prints the image name, the user and the password
-file, and makes the demo's assets.
+VMs, holding the training image (pushed once); prints the image name and a 0600 vars file that
+points a job at it with the credentials (ansible-playbook -e @FILE), and makes the demo's assets.
 
 build [--kind vm|blank] [--platform P ...]: make sure the images exist; exits 3 when a platform's
 archive does not answer (that platform is then skipped, and said so)."""
@@ -83,8 +83,7 @@ def main(argv: list[str] | None = None) -> int:
             name = registry.push(
                 docker_client, found, train_image.TRAIN_IMAGE, registry.TRAIN_REPOSITORY
             )
-            print(f"image: {name}\nuser: {found.username}")
-            print(f"password file: {found.ca.parent / 'password'}")
+            print(f"image: {name}\nvars: {registry.pull_vars(found, name)}")
         elif args.command == "load-image":
             train_image.load_cluster(definition, cluster.client())
         elif args.command == "images":

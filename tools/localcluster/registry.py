@@ -253,7 +253,7 @@ def push(client, registry: Registry, source: str, repository: str) -> str:
     names the same image ID); returns the name the VMs pull."""
     local_name = f"{registry.local}/{repository}"
     repo, tag = local_name.rsplit(":", 1)
-    path, _, wanted_tag = repository.rpartition(":")
+    path, wanted_tag = repository.rsplit(":", 1)
     status, body = _get(
         registry.local,
         registry.ca,
@@ -273,6 +273,26 @@ def push(client, registry: Registry, source: str, repository: str) -> str:
     client.images.remove(local_name, noprune=True)
     log(f"registry: pushed {source} as {repository} in {time.monotonic() - started:.0f} s")
     return registry.image(repository)
+
+
+def pull_vars(registry: Registry, image: str) -> Path:
+    """A 0600 vars file that points a job at `image` in this registry, with its credentials
+    (for `ansible-playbook -e @FILE`: the password stays off the command line)."""
+    path = registry.ca.parent / "pull-vars.yml"
+    path.touch(mode=0o600)
+    path.chmod(0o600)
+    path.write_text(
+        json.dumps(
+            {
+                "llamafactory_image": image,
+                "launch_registry_username": registry.username,
+                "launch_registry_password": registry.password,
+            },
+            indent=2,
+        )
+        + "\n"
+    )
+    return path
 
 
 def catalog(registry: Registry) -> list[str]:
