@@ -8,7 +8,7 @@ from pathlib import Path
 
 import ansible_runner
 import pytest
-from localcluster import cluster, spec
+from localcluster import cluster, registry, spec, train_image
 
 ROOT = Path(__file__).resolve().parents[2]
 # ansible-runner starts ansible/ansible-playbook from PATH: use this venv's.
@@ -162,3 +162,24 @@ def run_playbook(
             merged.update(item["res"].get("ansible_facts") or {})
         facts[host] = merged
     return runner, facts, results
+
+
+# The training image in the cluster's private registry, with its credentials: every play of
+# these tests pulls it through the role (the first launch pulls 2 GB on each VM).
+PULL_VARS: dict = {}
+
+
+@pytest.fixture(scope="session")
+def train_cluster(test_cluster):
+    """The session's cluster, its registry holding the training image, the demo's assets."""
+    definition, state = test_cluster
+    client = cluster.client()
+    train_image.ensure_assets(client, cluster.cache_dir())
+    found = registry.start(definition, client, cluster.cache_dir())
+    image = registry.push(client, found, train_image.TRAIN_IMAGE, registry.TRAIN_REPOSITORY)
+    PULL_VARS.update(
+        llamafactory_image=image,
+        launch_registry_username=found.username,
+        launch_registry_password=found.password,
+    )
+    return state["inventory"], [VM(node) for node in state["nodes"]]

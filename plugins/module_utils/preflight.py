@@ -1,0 +1,228 @@
+# -*- coding: utf-8 -*-
+# Copyright: hostnet.llamafactory contributors
+# GNU General Public License v3.0+ (see LICENSE or https://www.gnu.org/licenses/gpl-3.0.txt)
+"""The preflight's verdict: every node's probe report (roles/launch/files/preflight_probe.py,
+run in a container with the launch's network mode) and discovery facts in, findings out - each
+a cause and its fix, naming the nodes and the variable to change."""
+
+from __future__ import absolute_import, division, print_function
+
+__metaclass__ = type
+
+import json
+
+GB = 1000**3
+
+
+def _finding(ident, cause, fix):
+    return {"id": ident, "cause": cause, "fix": fix}
+
+
+def _blocked_fix(error, what):
+    lowered = (error or "").lower()
+    if "timed out" in lowered:
+        return (
+            "packets to %s are dropped: open all TCP between the nodes (on GCP the gcp_firewall "
+            "role's rule - check it exists and targets these VMs; on the nodes look at "
+            "`iptables -S` / `nft list ruleset`)" % what
+        )
+    if "refused" in lowered:
+        return (
+            "nothing listens there from this node's point of view, or a firewall rejects the "
+            "connection: check the address belongs to that node on the network the nodes share "
+            "(llamafactory_interface / llamafactory_master_interface), and the firewall"
+        )
+    if "unreachable" in lowered or "no route" in lowered:
+        return (
+            "this node has no route to %s: the nodes must share a network (one VPC, subnets "
+            "routed to each other); set llamafactory_interface to the NIC on it" % what
+        )
+    return "check the network between the nodes"
+
+
+def parse(result):
+    """The connect container's registered result -> {'report': the probe's JSON or None,
+    'error': why there is none}."""
+    if not isinstance(result, dict):
+        return {"report": None, "error": "no result"}
+    if "report" in result or ("error" in result and "container" not in result):
+        return result  # parsed already
+    if result.get("skipped"):
+        return {"report": None, "error": "skipped"}
+    output = ((result.get("container") or {}).get("Output") or "").strip()
+    for line in reversed(output.splitlines()):
+        line = line.strip()
+        if line.startswith("{"):
+            try:
+                return {"report": json.loads(line), "error": ""}
+            except ValueError:
+                break
+    error = result.get("msg") or output or "the probe printed no report"
+    return {"report": None, "error": " ".join(str(error).split())[:500]}
+
+
+def targets(me, hosts, facts, master, master_addr, master_port, probe_port):
+    """What node `me` probes: every other node's training address on the high port, and
+    MASTER_ADDR:MASTER_PORT unless `me` is the master. facts: host -> its primary_nic fact."""
+    found = [
+        {"node": host, "address": facts[host]["address"], "port": int(probe_port)}
+        for host in hosts
+        if host != me
+    ]
+    if me != master:
+        found.append({"node": master, "address": master_addr, "port": int(master_port)})
+    return found
+
+
+def findings(
+    reports,
+    nodes,
+    master_addr,
+    master_port,
+    probe_port,
+    network_mode="host",
+    min_free_gb=0,
+    gpus_per_node=0,
+):
+    """reports: host -> {'report': probe report dict or None, 'error': why it is missing};
+    nodes: host -> {'rank', 'address', 'interface', 'mtu'}. Returns a list of findings."""
+    found = []
+    for host in sorted(nodes, key=lambda h: int(nodes[h]["rank"])):
+        entry = parse(reports.get(host))
+        report = entry.get("report")
+        if not report:
+            error = entry.get("error") or "no report"
+            if "could not select device driver" in error or "nvidia" in error.lower():
+                found.append(
+                    _finding(
+                        "gpu-runtime",
+                        "%s cannot start a container with GPUs: %s" % (host, error),
+                        "install the NVIDIA Container Toolkit (role nvidia_container_toolkit, "
+                        "which train.yml runs when llamafactory_gpus_per_node > 0)",
+                    )
+                )
+            else:
+                found.append(
+                    _finding(
+                        "probe-failed",
+                        "the preflight probe did not run on %s: %s" % (host, error),
+                        "check that Docker runs llamafactory_image there (`docker run --rm IMAGE "
+                        "python3 -V`); the image needs python3",
+                    )
+                )
+            continue
+        node = nodes[host]
+        own = node["address"]
+        bind_failed = [
+            r
+            for r in report.get("results", [])
+            if not r.get("ok") and "EADDRNOTAVAIL" in (r.get("error") or "")
+        ]
+        source = report.get("source")
+        if bind_failed or (source and source != own):
+            found.append(
+                _finding(
+                    "container-not-on-host-network",
+                    "a container on %s (network mode %s) does not have %s's address %s (%s): it "
+                    "sends from %s, an address the other nodes cannot reach - ranks would "
+                    "advertise it and the others' connections fail (the 172.17.0.2 error)"
+                    % (host, network_mode, host, own, node.get("interface"), source or "elsewhere"),
+                    "set llamafactory_network_mode=host (the default)",
+                )
+            )
+            continue  # its other results follow from this
+        for result in report.get("results", []):
+            target = result.get("node")
+            peer = nodes.get(target) or {}
+            overridden = [
+                "%s's %s" % (name, n.get("interface"))
+                for name, n in ((host, node), (target, peer))
+                if n.get("method") == "override"
+            ]
+            if result.get("ok"):
+                answered = result.get("answer") or ""
+                if target and answered and ('"%s"' % target) not in answered:
+                    found.append(
+                        _finding(
+                            "wrong-peer",
+                            "%s reached %s:%s expecting %s but %s answered"
+                            % (host, result["address"], result["port"], target, answered),
+                            "the address is another node's: check llamafactory_master_addr and "
+                            "llamafactory_interface",
+                        )
+                    )
+                continue
+            what = "%s:%s" % (result["address"], result["port"])
+            fix = _blocked_fix(result.get("error"), what)
+            if overridden:
+                fix += (
+                    "; or the NIC set by llamafactory_interface / llamafactory_master_interface "
+                    "(%s) is not on the network the nodes share: unset it or name that NIC"
+                    % ", ".join(overridden)
+                )
+            if int(result["port"]) == int(master_port) and result["address"] == master_addr:
+                found.append(
+                    _finding(
+                        "master-unreachable",
+                        "%s (rank %s) cannot reach MASTER_ADDR:MASTER_PORT %s (rank 0, %s): %s"
+                        % (host, node["rank"], what, target, result.get("error")),
+                        fix,
+                    )
+                )
+            else:
+                found.append(
+                    _finding(
+                        "peer-unreachable",
+                        "%s (rank %s) cannot reach %s at %s, a high port like those NCCL and Gloo "
+                        "pick for every pair of nodes: %s"
+                        % (host, node["rank"], target, what, result.get("error")),
+                        fix,
+                    )
+                )
+        disk = report.get("disk")
+        if disk and min_free_gb and disk["free"] < float(min_free_gb) * GB:
+            found.append(
+                _finding(
+                    "disk-low",
+                    "%s has %.1f GB free under %s, less than launch_min_free_gb (%s GB)"
+                    % (host, disk["free"] / float(GB), disk["path"], min_free_gb),
+                    "free space there or use a larger disk (checkpoints of every rank land on "
+                    "every node), or lower launch_min_free_gb",
+                )
+            )
+        gpus = report.get("gpus")
+        if int(gpus_per_node or 0) > 0 and gpus is not None and int(gpus) != int(gpus_per_node):
+            found.append(
+                _finding(
+                    "gpu-count",
+                    "%s's container sees %s GPUs, llamafactory_gpus_per_node is %s"
+                    % (host, gpus, gpus_per_node),
+                    "set llamafactory_gpus_per_node to the GPUs every node has, or fix the node's "
+                    "driver (`nvidia-smi` on the host)",
+                )
+            )
+    mtus = dict((h, n.get("mtu")) for h, n in nodes.items() if n.get("mtu"))
+    if len(set(mtus.values())) > 1:
+        listed = ", ".join(
+            "%s %s MTU %s" % (h, nodes[h].get("interface"), mtus[h]) for h in sorted(mtus)
+        )
+        found.append(
+            _finding(
+                "mtu-mismatch",
+                "the nodes' training NICs have different MTUs: %s" % listed,
+                "give every node's NIC the same MTU (a GCP VPC's MTU is 1460 unless it was created "
+                "with another): large NCCL messages are dropped or stall across a mismatch",
+            )
+        )
+    return found
+
+
+def message(job, found, elapsed=None):
+    lines = [
+        "preflight of job %s found %d problem(s) before any rank started%s:"
+        % (job, len(found), "" if elapsed is None else " (%.0f s)" % elapsed)
+    ]
+    for item in found:
+        lines.append("- %s: %s\n  Fix: %s" % (item["id"], item["cause"], item["fix"]))
+    lines.append("Nothing was launched (launch_preflight=false skips these checks).")
+    return "\n".join(lines)

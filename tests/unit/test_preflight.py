@@ -1,0 +1,175 @@
+"""The preflight's verdict (plugins/module_utils/preflight.py) over probe reports captured on the
+local cluster (tests/unit/fixtures/preflight, made by its capture.py): healthy, a port range
+dropped on vm1, bridge networking, and the external NIC chosen instead of the VPC's."""
+
+import copy
+import json
+from pathlib import Path
+
+import pytest
+from ansible_collections.hostnet.llamafactory.plugins.module_utils import preflight
+
+FIXTURES = Path(__file__).parent / "fixtures" / "preflight"
+
+
+def case(name):
+    data = json.loads((FIXTURES / f"{name}.json").read_text())
+    reports = {host: {"report": report, "error": ""} for host, report in data["reports"].items()}
+    return data, reports
+
+
+def verdict(data, reports, **options):
+    master = data["nodes"]["vm0"]["address"]
+    return preflight.findings(
+        reports,
+        data["nodes"],
+        master,
+        data["master_port"],
+        data["probe_port"],
+        network_mode=data["network_mode"],
+        **options,
+    )
+
+
+def test_healthy_cluster_has_no_findings():
+    data, reports = case("healthy")
+    assert verdict(data, reports, min_free_gb=10) == []
+    for report in data["reports"].values():
+        assert all(r["ok"] for r in report["results"])
+        assert report["source"] == report["bind"]  # host network: the node's own address
+
+
+def test_a_dropped_port_range_is_named_with_the_firewall_fix():
+    data, reports = case("blocked-port")
+    found = verdict(data, reports)
+    assert [f["id"] for f in found] == ["peer-unreachable"]
+    assert "vm0 (rank 0) cannot reach vm1 at 198.18.96.11:49600" in found[0]["cause"]
+    assert "timed out" in found[0]["cause"]
+    assert "gcp_firewall" in found[0]["fix"] and "iptables -S" in found[0]["fix"]
+    # vm1 -> vm0 works: the rule drops new connections to vm1 only.
+
+
+def test_bridge_networking_is_named_once_per_node():
+    data, reports = case("bridge")
+    found = verdict(data, reports)
+    assert [f["id"] for f in found] == ["container-not-on-host-network"] * 2
+    assert "sends from 172.17.0.3" in found[0]["cause"]
+    assert "network mode bridge" in found[0]["cause"]
+    assert found[0]["fix"] == "set llamafactory_network_mode=host (the default)"
+
+
+def test_the_wrong_nic_names_the_override():
+    data, reports = case("wrong-nic")
+    for node in data["nodes"].values():
+        node["method"] = "override"
+    found = verdict(data, reports)
+    ids = sorted(f["id"] for f in found)
+    assert ids == ["master-unreachable", "peer-unreachable", "peer-unreachable"]
+    master = next(f for f in found if f["id"] == "master-unreachable")
+    assert "vm1 (rank 1) cannot reach MASTER_ADDR:MASTER_PORT 198.19.96.10:29600" in master["cause"]
+    assert "llamafactory_interface" in master["fix"] and "vm0's ext0" in master["fix"]
+
+
+def test_without_an_override_the_fix_does_not_blame_one():
+    data, reports = case("wrong-nic")
+    found = verdict(data, reports)
+    assert found and all("llamafactory_interface" not in f["fix"] for f in found)
+
+
+def test_mtu_mismatch():
+    data, reports = case("healthy")
+    data["nodes"]["vm0"]["mtu"], data["nodes"]["vm1"]["mtu"] = 1460, 1500
+    found = verdict(data, reports)
+    assert [f["id"] for f in found] == ["mtu-mismatch"]
+    assert "vm0 ens4 MTU 1460, vm1 eth0 MTU 1500" in found[0]["cause"]
+
+
+def test_low_disk_and_gpu_count():
+    data, reports = case("healthy")
+    free = data["reports"]["vm1"]["disk"]["free"]
+    found = verdict(data, reports, min_free_gb=free / 1e9 + 1)
+    assert {f["id"] for f in found} == {"disk-low"}
+    assert "launch_min_free_gb" in found[0]["cause"]
+    reports["vm1"]["report"]["gpus"] = 4
+    found = verdict(data, reports, gpus_per_node=8)
+    assert [f["id"] for f in found] == ["gpu-count"]
+    assert "vm1's container sees 4 GPUs, llamafactory_gpus_per_node is 8" in found[0]["cause"]
+
+
+def test_a_different_node_answering_is_named():
+    data, reports = case("healthy")
+    result = reports["vm1"]["report"]["results"][0]
+    result["answer"] = '{"node": "vm7"}'
+    found = verdict(data, reports)
+    assert [f["id"] for f in found] == ["wrong-peer"]
+
+
+@pytest.mark.parametrize(
+    ("result", "expected_id", "in_error"),
+    [
+        (
+            {
+                "failed": True,
+                "msg": "Error response from daemon: could not select device driver "
+                '"nvidia" with capabilities: [[gpu]]',
+            },
+            "gpu-runtime",
+            "could not select device driver",
+        ),
+        (
+            {
+                "failed": True,
+                "msg": "Cannot create container",
+                "container": {"Output": 'exec: "python3": executable file not found in $PATH'},
+            },
+            "probe-failed",
+            "Cannot create container",
+        ),
+        (
+            {"changed": True, "container": {"Output": "Traceback (most recent call last):\nboom"}},
+            "probe-failed",
+            "Traceback",
+        ),
+        ({"skipped": True}, "probe-failed", "skipped"),
+    ],
+)
+def test_a_probe_that_did_not_run(result, expected_id, in_error):
+    data, _reports = case("healthy")
+    reports = {
+        "vm0": {"changed": True, "container": {"Output": json.dumps(data["reports"]["vm0"])}},
+        "vm1": result,
+    }
+    found = verdict(data, reports)
+    assert [f["id"] for f in found] == [expected_id]
+    assert in_error in found[0]["cause"]
+
+
+def test_parse_reads_the_last_json_line_of_the_container_output():
+    data, _ = case("healthy")
+    output = "some banner\n" + json.dumps(data["reports"]["vm1"]) + "\n"
+    parsed = preflight.parse({"changed": True, "container": {"Output": output}})
+    assert parsed == {"report": data["reports"]["vm1"], "error": ""}
+    assert preflight.parse(parsed) is parsed
+
+
+def test_targets_and_message():
+    facts = {
+        "vm0": {"address": "10.0.0.2"},
+        "vm1": {"address": "10.0.0.3"},
+        "vm2": {"address": "10.0.0.4"},
+    }
+    hosts = ["vm0", "vm1", "vm2"]
+    assert preflight.targets("vm0", hosts, facts, "vm0", "10.0.0.2", 29500, 49500) == [
+        {"node": "vm1", "address": "10.0.0.3", "port": 49500},
+        {"node": "vm2", "address": "10.0.0.4", "port": 49500},
+    ]
+    assert preflight.targets("vm2", hosts, facts, "vm0", "10.0.0.2", 29500, 49500)[-1] == {
+        "node": "vm0",
+        "address": "10.0.0.2",
+        "port": 29500,
+    }
+    data, reports = case("blocked-port")
+    text = preflight.message("demo", verdict(data, copy.deepcopy(reports)))
+    assert text.startswith("preflight of job demo found 1 problem(s) before any rank started:")
+    assert "- peer-unreachable: " in text and "\n  Fix: " in text
+    assert text.endswith("Nothing was launched (launch_preflight=false skips these checks).")
