@@ -226,3 +226,41 @@ def message(job, found, elapsed=None):
         lines.append("- %s: %s\n  Fix: %s" % (item["id"], item["cause"], item["fix"]))
     lines.append("Nothing was launched (launch_preflight=false skips these checks).")
     return "\n".join(lines)
+
+
+def doctor_report(
+    probe_findings, log_findings, smoke_failure=None, smoke=None, running=False, container=""
+):
+    """playbooks/doctor.yml's report: {'problems': n, 'lines': [...]}, one line per problem."""
+    lines = []
+    if running:
+        lines.append(
+            "probes and smoke test skipped: %s is running (its ranks hold MASTER_PORT); its logs "
+            "are diagnosed below" % container
+        )
+    for item in probe_findings or []:
+        lines.append("- %s: %s\n  Fix: %s" % (item["id"], item["cause"], item["fix"]))
+    if smoke_failure:
+        lines.append("- smoke-test-failed: %s" % smoke_failure)
+    elif smoke:
+        lines.append(
+            "smoke test: all_reduce across %s ranks (%s), bus bandwidth %s GB/s"
+            % (smoke.get("world_size"), smoke.get("backend"), smoke.get("busbw_GBps"))
+        )
+    for item in log_findings or []:
+        lines.append(
+            "- %s (%s, in the logs of %s): %s\n  Fix: %s\n  Line: %s"
+            % (
+                item["id"],
+                item.get("host", "?"),
+                container,
+                item["cause"],
+                item["fix"],
+                item.get("line", ""),
+            )
+        )
+    if not log_findings:
+        lines.append("logs of %s: nothing known found (or no such container)" % container)
+    problems = len(probe_findings or []) + len(log_findings or []) + (1 if smoke_failure else 0)
+    lines.insert(0, "doctor: %d problem(s) found" % problems)
+    return {"problems": problems, "lines": lines}

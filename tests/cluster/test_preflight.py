@@ -114,10 +114,13 @@ def test_one_node_unreachable(train_cluster, tmp_path):
     data = yaml.safe_load(Path(inventory).read_text())
     hosts = data["all"]["children"]["llamafactory"]["hosts"]
     hosts["vm1"]["ansible_host"] = hosts["vm1"]["ansible_host"].rsplit(".", 1)[0] + ".99"
-    broken = tmp_path / "inventory.yml"
-    tmp_path.mkdir(parents=True, exist_ok=True)
+    # Next to the original, for its group_vars (the local job).
+    broken = Path(inventory).with_name("test-unreachable.yml")
     broken.write_text(yaml.safe_dump(data))
-    rc, _failures, unreachable = train(str(broken), tmp_path / "run", "pf-unreachable")
+    try:
+        rc, _failures, unreachable = train(str(broken), tmp_path, "pf-unreachable")
+    finally:
+        broken.unlink()
     assert rc != 0
     assert unreachable == ["vm1"]
     assert_nothing_started(vms, "pf-unreachable")
@@ -135,3 +138,75 @@ def test_mtu_mismatch(train_cluster, tmp_path):
         f"MTU {mtu}, vm1 {nic} MTU {mtu - 60}" in message
     )
     assert_nothing_started((vm0, vm1), "pf-mtu")
+
+
+DOCTOR = "playbooks/doctor.yml"
+
+
+def doctor(inventory, tmp_path, **extravars):
+    """(rc, the report's lines as one text)."""
+    runner, _facts, results = run_playbook(
+        inventory, tmp_path, DOCTOR, extravars={**PULL_VARS, **extravars}
+    )
+    shown = [
+        item["res"].get("msg")
+        for items in results.values()
+        for item in items
+        if item["task"] in ("Show the report", "Fail when the doctor found a problem")
+    ]
+    text = "\n".join("\n".join(m) if isinstance(m, list) else str(m) for m in shown if m)
+    return runner.rc, text
+
+
+def test_doctor_on_a_healthy_cluster(train_cluster, tmp_path):
+    inventory, vms = train_cluster
+    rc, report = doctor(inventory, tmp_path, llamafactory_job="pf-doctor")
+    assert rc == 0, report
+    assert "doctor: 0 problem(s) found" in report
+    assert "smoke test: all_reduce across 2 ranks (gloo), bus bandwidth" in report
+    for vm in vms:  # nothing left behind
+        assert vm.sh("test -e /var/lib/llamafactory/jobs/.doctor", check=False).returncode != 0
+        assert "preflight" not in vm.sh("docker ps -a --format '{{.Names}}'").stdout
+
+
+def test_doctor_names_a_blocked_port(train_cluster, tmp_path):
+    inventory, (_vm0, vm1) = train_cluster
+    rule = (
+        f"INPUT -i {vm1.node['nic']} -p tcp -m conntrack --ctstate NEW --dport 30000:65535 -j DROP"
+    )
+    with on_vm(vm1, f"iptables -I {rule}", f"iptables -D {rule}"):
+        rc, report = doctor(inventory, tmp_path, llamafactory_job="pf-doctor")
+    assert rc != 0
+    assert "- peer-unreachable: vm0 (rank 0) cannot reach vm1" in report
+
+
+def test_doctor_reads_a_hand_launched_job(train_cluster, tmp_path):
+    """The report's hand launch in miniature: torchrun in bridge-networked containers, rank 0
+    publishing MASTER_PORT, MASTER_ADDR = rank 0's VPC address. The doctor skips nothing (the
+    containers have exited) and finds the cause in their logs."""
+    inventory, (vm0, vm1) = train_cluster
+    image = PULL_VARS["llamafactory_image"]
+    master = vm0.node["vpc_address"]
+    probe = "/var/lib/llamafactory/hand/smoke.py"
+    script = (
+        Path(__file__).resolve().parents[2] / "roles/launch/files/smoke_allreduce.py"
+    ).read_text()
+    for rank, vm in enumerate((vm0, vm1)):
+        vm.sh(f"mkdir -p /var/lib/llamafactory/hand && cat > {probe} <<'EOF'\n{script}\nEOF")
+        publish = "-p 29555:29555" if rank == 0 else ""
+        vm.sh(
+            f"docker rm -f hand-rank >/dev/null 2>&1; docker run -d --name hand-rank {publish} "
+            f"-v {probe}:/smoke.py:ro {image} torchrun --nnodes 2 --node_rank {rank} "
+            f"--nproc_per_node 1 --master_addr {master} --master_port 29555 /smoke.py "
+            "--backend gloo --deadline 60"
+        )
+    try:
+        for vm in (vm0, vm1):
+            vm.sh("timeout 120 docker wait hand-rank", timeout=150)
+        rc, report = doctor(inventory, tmp_path, launch_doctor_container="hand-rank")
+    finally:
+        for vm in (vm0, vm1):
+            vm.sh("docker rm -f hand-rank; rm -rf /var/lib/llamafactory/hand", check=False)
+    assert rc != 0
+    assert "in the logs of hand-rank" in report
+    assert "gloo-bridge-address" in report or "172.17." in report, report

@@ -173,3 +173,31 @@ def test_targets_and_message():
     assert text.startswith("preflight of job demo found 1 problem(s) before any rank started:")
     assert "- peer-unreachable: " in text and "\n  Fix: " in text
     assert text.endswith("Nothing was launched (launch_preflight=false skips these checks).")
+
+
+def test_doctor_report_lines():
+    data, reports = case("blocked-port")
+    probe = verdict(data, reports)
+    logs = [
+        {
+            "id": "gloo-bridge-address",
+            "host": "vm1",
+            "line": "Gloo connectFullMesh failed",
+            "cause": "Gloo dials 172.17.0.2",
+            "fix": "host networking",
+        }
+    ]
+    report = preflight.doctor_report(
+        probe, logs, smoke_failure=None, smoke=None, running=False, container="hand-rank"
+    )
+    assert report["problems"] == 2
+    assert report["lines"][0] == "doctor: 2 problem(s) found"
+    assert report["lines"][1].startswith("- peer-unreachable: vm0 (rank 0)")
+    assert "- gloo-bridge-address (vm1, in the logs of hand-rank)" in report["lines"][2]
+    quiet = preflight.doctor_report(
+        [], [], smoke={"world_size": 2, "backend": "gloo", "busbw_GBps": 1.5}, container="c"
+    )
+    assert quiet["problems"] == 0
+    assert "smoke test: all_reduce across 2 ranks (gloo), bus bandwidth 1.5 GB/s" in quiet["lines"]
+    busy = preflight.doctor_report([], [], smoke_failure="rank 1 died", running=True, container="c")
+    assert busy["problems"] == 1 and busy["lines"][1].startswith("probes and smoke test skipped")

@@ -1,0 +1,98 @@
+"""The preflight probe (roles/launch/files/preflight_probe.py) itself, on loopback: a listener
+answers with its node's name, a closed port is refused (and retried until the deadline), and a
+source address the machine does not have fails at once with EADDRNOTAVAIL - what a
+bridge-networked container gets when asked to send from its node's address."""
+
+import json
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+PROBE = Path(__file__).resolve().parents[2] / "roles" / "launch" / "files" / "preflight_probe.py"
+
+
+def free_port():
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+@pytest.fixture
+def listener():
+    port = free_port()
+    process = subprocess.Popen(
+        [
+            sys.executable,
+            str(PROBE),
+            "listen",
+            "--name",
+            "node-a",
+            "--seconds",
+            "20",
+            "--ports",
+            str(port),
+        ],
+        stdout=subprocess.PIPE,
+        text=True,
+    )
+    assert json.loads(process.stdout.readline()) == {"listening": [port]}
+    yield port
+    process.kill()
+    process.wait()
+
+
+def connect(targets, bind="127.0.0.1", timeout=3):
+    done = subprocess.run(
+        [
+            sys.executable,
+            str(PROBE),
+            "connect",
+            "--name",
+            "node-b",
+            "--bind",
+            bind,
+            "--timeout",
+            str(timeout),
+            "--disk",
+            "/",
+            "--targets",
+            json.dumps(targets),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=True,
+    )
+    return json.loads(done.stdout.strip().splitlines()[-1])
+
+
+def test_reach_refuse_and_report(listener):
+    closed = free_port()
+    started = time.monotonic()
+    report = connect(
+        [
+            {"node": "node-a", "address": "127.0.0.1", "port": listener},
+            {"node": "node-c", "address": "127.0.0.1", "port": closed},
+        ]
+    )
+    elapsed = time.monotonic() - started
+    reached, refused = report["results"]
+    assert reached["ok"] and json.loads(reached["answer"]) == {"node": "node-a"}
+    assert not refused["ok"] and "ECONNREFUSED" in refused["error"]
+    assert refused["seconds"] >= 2.5  # retried until the deadline (the peer may start late)
+    assert elapsed < 20
+    assert report["source"] == "127.0.0.1" and report["bind"] == "127.0.0.1"
+    assert report["disk"]["free"] > 0 and report["disk"]["path"] == "/"
+
+
+def test_an_address_this_machine_lacks_fails_at_once(listener):
+    report = connect(
+        [{"node": "node-a", "address": "127.0.0.1", "port": listener}], bind="198.18.255.254"
+    )
+    (result,) = report["results"]
+    assert not result["ok"] and "EADDRNOTAVAIL" in result["error"]
+    assert result["seconds"] < 1
