@@ -89,6 +89,38 @@ SIGNATURES = [
         "peer), or set llamafactory_interface.",
     },
     {
+        "id": "nccl-ib-wrong-type",
+        "example": "NCCL WARN socketFinalizeAccept: wrong type 3 != 4",
+        "pattern": r"socketFinalizeAccept: wrong type (\d+) != (\d+)",
+        "cause": "NCCL's InfiniBand/RoCE transport met a peer speaking the socket transport (or "
+        "the reverse): the nodes disagree on the transport, typically hosts that have IB "
+        "libraries but no usable IB fabric between them (LLaMA-Factory issue #3641).",
+        "fix": "Set NCCL_IB_DISABLE=1 on every node (launch_nccl_ib_disable, on by default), or "
+        "give every node the same working IB/RoCE setup.",
+    },
+    {
+        "id": "collective-timeout",
+        "example": "[Rank 0] Watchdog caught collective operation timeout: WorkNCCL(SeqNum=1580,"
+        " OpType=ALLREDUCE, NumelIn=466119168, NumelOut=466119168, Timeout(ms)=600000) ran for"
+        " 600060 milliseconds before timing out.",
+        "pattern": r"Watchdog caught collective operation timeout|Timed out waiting \d+ms for "
+        r"(?:recv|send) operation",
+        "cause": "A collective waited past its timeout: another rank died, hung or fell far "
+        "behind (a rank that never joins leaves the others here for up to the ddp_timeout).",
+        "fix": "Find the rank that stopped first (the wait step names it and stops the others "
+        "at once); if every rank was alive and only slow (a long save or evaluation), raise "
+        "ddp_timeout in the training config.",
+    },
+    {
+        "id": "no-route",
+        "example": "RuntimeError: No route to host",
+        "pattern": r"No route to host",
+        "cause": "A node has no route to a peer's address, or a firewall rejects the connection "
+        "with an ICMP 'host prohibited'.",
+        "fix": "Open all TCP between the nodes (gcp_firewall on GCP; iptables/nftables on the "
+        "nodes) and train on the NIC of the network the nodes share (primary_nic).",
+    },
+    {
         "id": "master-unreachable",
         "example": "[c10d] The client socket has failed to connect to any network address of"
         " (198.19.0.10, 29555).",
