@@ -247,7 +247,7 @@ def test_bad_input_stops_before_any_host_changes(train_cluster, tmp_path):
 def test_a_dead_rank_stops_the_others_and_a_rerun_resumes(train_cluster, tmp_path):
     inventory, (vm0, vm1) = train_cluster
     job = "e2e-kill"
-    longer = {"llamafactory_train_overrides": {"max_steps": 150, "save_steps": 10}}
+    longer = {"llamafactory_train_overrides": {"max_steps": 60, "save_steps": 10}}
     outcome = {}
 
     def first_run():
@@ -277,7 +277,7 @@ def test_a_dead_rank_stops_the_others_and_a_rerun_resumes(train_cluster, tmp_pat
     state0 = container(vm0, job)["State"]
     assert not state0["Running"]  # rank 0 was stopped, not left hanging
     first_steps = trainer_steps(vm0, job)
-    assert first_steps[-1] < 150
+    assert first_steps[-1] < 60
 
     rc, _stats, failures, events = play(inventory, tmp_path / "again", job, **longer)
     assert rc == 0, failures
@@ -291,7 +291,7 @@ def test_a_dead_rank_stops_the_others_and_a_rerun_resumes(train_cluster, tmp_pat
     steps = trainer_steps(vm0, job)
     assert steps[: len(first_steps)] == first_steps
     assert steps[len(first_steps)] == resumed_at + 1  # the resumed run's first step is not step 1
-    assert steps[-1] == 150
+    assert steps[-1] == 60
 
 
 def test_the_original_bridge_failure_is_stopped_and_named(train_cluster, tmp_path):

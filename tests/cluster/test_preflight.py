@@ -47,7 +47,7 @@ def test_a_blocked_port_between_the_nodes(train_cluster, tmp_path):
     nic = vm1.node["nic"]
     rule = f"INPUT -i {nic} -p tcp -m conntrack --ctstate NEW --dport 30000:65535 -j DROP"
     with on_vm(vm1, f"iptables -I {rule}", f"iptables -D {rule}"):
-        rc, failures, _ = train(inventory, tmp_path, "pf-port")
+        rc, failures, _unreachable = train(inventory, tmp_path, "pf-port")
     assert rc != 0
     message = failures["vm0"]
     assert "found 1 problem(s) before any rank started" in message
@@ -60,7 +60,7 @@ def test_a_blocked_port_between_the_nodes(train_cluster, tmp_path):
 
 def test_bridge_networking(train_cluster, tmp_path):
     inventory, vms = train_cluster
-    rc, failures, _ = train(
+    rc, failures, _unreachable = train(
         inventory,
         tmp_path,
         "pf-bridge",
@@ -78,7 +78,9 @@ def test_bridge_networking(train_cluster, tmp_path):
 def test_the_wrong_nic_chosen(train_cluster, tmp_path):
     """ext0 exists on every VM (the 'public' side, SSH only): the nodes cannot train over it."""
     inventory, vms = train_cluster
-    rc, failures, _ = train(inventory, tmp_path, "pf-wrongnic", llamafactory_interface="ext0")
+    rc, failures, _unreachable = train(
+        inventory, tmp_path, "pf-wrongnic", llamafactory_interface="ext0"
+    )
     assert rc != 0
     message = failures["vm0"]
     assert "master-unreachable: vm1 (rank 1) cannot reach MASTER_ADDR:MASTER_PORT" in message
@@ -89,7 +91,9 @@ def test_the_wrong_nic_chosen(train_cluster, tmp_path):
 
 def test_a_nic_that_does_not_exist(train_cluster, tmp_path):
     inventory, vms = train_cluster
-    rc, failures, _ = train(inventory, tmp_path, "pf-nonic", llamafactory_interface="ens9")
+    rc, failures, _unreachable = train(
+        inventory, tmp_path, "pf-nonic", llamafactory_interface="ens9"
+    )
     assert rc != 0
     assert "interface 'ens9' does not exist on this host. Its NICs:" in failures["vm0"]
     assert_nothing_started(vms, "pf-nonic")
@@ -130,7 +134,7 @@ def test_mtu_mismatch(train_cluster, tmp_path):
     inventory, (vm0, vm1) = train_cluster
     nic, mtu = vm1.node["nic"], vm1.node["vpc_mtu"]
     with on_vm(vm1, f"ip link set {nic} mtu {mtu - 60}", f"ip link set {nic} mtu {mtu}"):
-        rc, failures, _ = train(inventory, tmp_path, "pf-mtu")
+        rc, failures, _unreachable = train(inventory, tmp_path, "pf-mtu")
     assert rc != 0
     message = failures["vm0"]
     assert (

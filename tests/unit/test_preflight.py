@@ -145,7 +145,7 @@ def test_a_probe_that_did_not_run(result, expected_id, in_error):
 
 
 def test_parse_reads_the_last_json_line_of_the_container_output():
-    data, _ = case("healthy")
+    data = case("healthy")[0]
     output = "some banner\n" + json.dumps(data["reports"]["vm1"]) + "\n"
     parsed = preflight.parse({"changed": True, "container": {"Output": output}})
     assert parsed == {"report": data["reports"]["vm1"], "error": ""}

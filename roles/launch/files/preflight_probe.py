@@ -1,4 +1,3 @@
-#!/usr/bin/env python3
 """The launch's network and host probe, run in a container of the training image with the
 launch's network mode (so it sees what a rank would see).
 
@@ -135,7 +134,7 @@ def connect(name, bind, targets, timeout, disk, gpus=False):
 
 
 def main(argv=None):
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n", maxsplit=1)[0])
     sub = parser.add_subparsers(dest="mode", required=True)
     listener = sub.add_parser("listen")
     listener.add_argument("--ports", type=int, nargs="+", required=True)

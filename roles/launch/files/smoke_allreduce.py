@@ -1,4 +1,3 @@
-#!/usr/bin/env python3
 """The launch's collective smoke test: a few all_reduce calls across every rank of the job,
 started by torchrun with the job's own environment (MASTER_ADDR, MASTER_PORT, NNODES,
 NODE_RANK, NCCL_/GLOO_SOCKET_IFNAME...), in the training image. Rank 0 prints one JSON line
@@ -18,7 +17,7 @@ import time
 
 
 def main(argv=None):
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n", maxsplit=1)[0])
     parser.add_argument("--backend", choices=["gloo", "nccl"], default="gloo")
     parser.add_argument("--size-mb", type=float, default=64)
     parser.add_argument("--iterations", type=int, default=5)
@@ -55,7 +54,7 @@ def main(argv=None):
         torch.cuda.synchronize()
     dist.barrier()
     begun = time.time()
-    for _ in range(args.iterations):
+    for _iteration in range(args.iterations):
         dist.all_reduce(tensor)
     if args.backend == "nccl":
         torch.cuda.synchronize()
