@@ -74,6 +74,33 @@ def targets(me, hosts, facts, master, master_addr, master_port, probe_port):
     return found
 
 
+def _listener_problem(host, node, listener, master_port, probe_port):
+    """The probe's listener on `host` could not start or ended early: a port already taken."""
+    text = " ".join([listener.get("error") or "", *(listener.get("log_lines") or [])])
+    ended = listener.get("state") not in (None, "running", "unknown") and listener.get(
+        "exit_code"
+    ) not in (None, 0)
+    if not (ended or listener.get("error")):
+        return None
+    ports = "%s (launch_preflight_port)" % probe_port
+    if int(node["rank"]) == 0:
+        ports = "%s (MASTER_PORT) or %s" % (master_port, ports)
+    if "address already in use" in text.lower() or "port is already allocated" in text.lower():
+        return _finding(
+            "port-in-use",
+            "port %s is already taken on %s: another job, a hand launch or another service "
+            "listens there" % (ports, host),
+            "stop what holds it (playbooks/stop.yml -e llamafactory_job=NAME for a job of this "
+            "collection; `ss -ltnp` on the node shows it) or choose another port with "
+            "llamafactory_master_port / launch_preflight_port",
+        )
+    return _finding(
+        "probe-failed",
+        "the preflight's listener on %s ended early: %s" % (host, " ".join(text.split())[:300]),
+        "check that Docker runs llamafactory_image there with python3",
+    )
+
+
 def findings(
     reports,
     nodes,
@@ -88,6 +115,10 @@ def findings(
     nodes: host -> {'rank', 'address', 'interface', 'mtu'}. Returns a list of findings."""
     found = []
     for host in sorted(nodes, key=lambda h: int(nodes[h]["rank"])):
+        listener = (reports.get(host) or {}).get("listener") or {}
+        problem = _listener_problem(host, nodes[host], listener, master_port, probe_port)
+        if problem:
+            found.append(problem)
         entry = parse(reports.get(host))
         report = entry.get("report")
         if not report:

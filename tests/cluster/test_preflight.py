@@ -130,6 +130,28 @@ def test_one_node_unreachable(train_cluster, tmp_path):
     assert_nothing_started(vms, "pf-unreachable")
 
 
+def test_master_port_already_taken(train_cluster, tmp_path):
+    """Something else listens on MASTER_PORT on rank 0's node (a hand launch, another job)."""
+    inventory, (vm0, vm1) = train_cluster
+    hold = (
+        'nohup timeout 300 python3 -c "import socket, time; s = socket.socket(); '
+        "s.bind(('0.0.0.0', 29777)); s.listen(); time.sleep(300)\" >/dev/null 2>&1 & "
+        "echo $! > /run/hold-29777.pid"
+    )
+    with on_vm(vm0, hold, "kill $(cat /run/hold-29777.pid); rm -f /run/hold-29777.pid"):
+        rc, failures, _unreachable = train(
+            inventory, tmp_path, "pf-busy", llamafactory_master_port=29777
+        )
+    assert rc != 0
+    message = failures["vm0"]
+    assert (
+        "port-in-use: port 29777 (MASTER_PORT) or 49777 (launch_preflight_port) is already "
+        "taken on vm0" in message
+    )
+    assert "llamafactory_master_port" in message
+    assert_nothing_started((vm0, vm1), "pf-busy")
+
+
 def test_mtu_mismatch(train_cluster, tmp_path):
     inventory, (vm0, vm1) = train_cluster
     nic, mtu = vm1.node["nic"], vm1.node["vpc_mtu"]

@@ -96,3 +96,27 @@ def test_an_address_this_machine_lacks_fails_at_once(listener):
     (result,) = report["results"]
     assert not result["ok"] and "EADDRNOTAVAIL" in result["error"]
     assert result["seconds"] < 1
+
+
+def test_a_taken_port_ends_the_listener_and_is_named(listener):
+    """A second listener on the same port (what a running job's MASTER_PORT does to the
+    preflight's) exits at once; its last lines make the finding."""
+    from ansible_collections.hostnet.llamafactory.plugins.module_utils import preflight
+
+    done = subprocess.run(
+        [sys.executable, str(PROBE), "listen", "--seconds", "5", "--ports", str(listener)],
+        capture_output=True,
+        text=True,
+        timeout=30,
+        check=False,
+    )
+    assert done.returncode != 0
+    lines = (done.stdout + done.stderr).strip().splitlines()[-5:]
+    reports = {
+        "vm0": {"listener": {"state": "exited", "exit_code": done.returncode, "log_lines": lines}}
+    }
+    nodes = {"vm0": {"rank": 0, "address": "10.0.0.2", "interface": "ens4"}}
+    found = preflight.findings(reports, nodes, "10.0.0.2", listener, 49999)
+    assert found[0]["id"] == "port-in-use"
+    assert f"port {listener} (MASTER_PORT) or 49999 (launch_preflight_port)" in found[0]["cause"]
+    assert "llamafactory_master_port" in found[0]["fix"]
