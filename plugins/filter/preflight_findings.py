@@ -66,8 +66,9 @@ EXAMPLES = r"""
 
 RETURN = r"""
 _value:
-  description: C(findings) (a list of C(id), C(cause), C(fix)) and C(msg) (all of them, for a
-    failure message; empty when there are none).
+  description: C(findings) (a list of C(id), C(cause), C(fix)), C(msg) (all of them, for a
+    failure message; empty when there are none) and C(versions) (LLaMA-Factory's version in the
+    image, the rank variable it reads, torch and DeepSpeed; null when unknown).
   type: dict
 """
 
@@ -95,7 +96,11 @@ def preflight_findings(
         min_free_gb=min_free_gb,
         gpus_per_node=gpus_per_node,
     )
-    return {"findings": found, "msg": preflight.message(job, found) if found else ""}
+    return {
+        "findings": found,
+        "msg": preflight.message(job, found) if found else "",
+        "versions": preflight.versions_line(reports),
+    }
 
 
 class FilterModule(object):

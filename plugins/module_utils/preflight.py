@@ -210,6 +210,18 @@ def findings(
                         fix,
                     )
                 )
+        packages = report.get("packages") or {}
+        if packages and not packages.get("llamafactory"):
+            found.append(
+                _finding(
+                    "image-without-llamafactory",
+                    "llamafactory_image on %s has no llamafactory package (python3 there sees "
+                    "torch %s): the ranks run llamafactory-cli"
+                    % (host, packages.get("torch") or "absent"),
+                    "set llamafactory_image to a LLaMA-Factory image (hiyouga/llamafactory:TAG, "
+                    "or one built FROM it)",
+                )
+            )
         disk = report.get("disk")
         if disk and min_free_gb and disk["free"] < float(min_free_gb) * GB:
             found.append(
@@ -295,3 +307,28 @@ def doctor_report(
     problems = len(probe_findings or []) + len(log_findings or []) + (1 if smoke_failure else 0)
     lines.insert(0, "doctor: %d problem(s) found" % problems)
     return {"problems": problems, "lines": lines}
+
+
+def rank_variable(version):
+    """Which variable a LLaMA-Factory version reads for the node rank: NODE_RANK from 0.9.1 on,
+    RANK before (the launch sets both)."""
+    try:
+        parts = tuple(int(p) for p in str(version).split(".")[:3] if p.isdigit())
+    except ValueError:
+        return "NODE_RANK"
+    return "NODE_RANK" if parts >= (0, 9, 1) else "RANK"
+
+
+def versions_line(reports):
+    """'LLaMA-Factory 0.9.5 (reads NODE_RANK), torch 2.13.0, deepspeed 0.19.8' from the first
+    report that names them; None without any."""
+    for entry in reports.values():
+        packages = (parse(entry).get("report") or {}).get("packages") or {}
+        if packages.get("llamafactory"):
+            version = packages["llamafactory"]
+            parts = ["LLaMA-Factory %s (reads %s)" % (version, rank_variable(version))]
+            for name in ("torch", "deepspeed", "transformers"):
+                if packages.get(name):
+                    parts.append("%s %s" % (name, packages[name]))
+            return ", ".join(parts)
+    return None

@@ -201,3 +201,38 @@ def test_doctor_report_lines():
     assert "smoke test: all_reduce across 2 ranks (gloo), bus bandwidth 1.5 GB/s" in quiet["lines"]
     busy = preflight.doctor_report([], [], smoke_failure="rank 1 died", running=True, container="c")
     assert busy["problems"] == 1 and busy["lines"][1].startswith("probes and smoke test skipped")
+
+
+@pytest.mark.parametrize(
+    ("version", "variable"),
+    [
+        ("0.9.5", "NODE_RANK"),
+        ("0.9.1", "NODE_RANK"),
+        ("0.9.1.dev0", "NODE_RANK"),
+        ("0.9.0", "RANK"),
+        ("0.8.3.dev0", "RANK"),
+        ("1.0.0", "NODE_RANK"),
+    ],
+)
+def test_rank_variable(version, variable):
+    assert preflight.rank_variable(version) == variable
+
+
+def test_versions_and_an_image_without_llamafactory():
+    data, reports = case("healthy")
+    for entry in reports.values():
+        entry["report"]["packages"] = {
+            "llamafactory": "0.9.5",
+            "torch": "2.13.0",
+            "deepspeed": "0.19.8",
+            "transformers": None,
+        }
+    assert verdict(data, reports) == []
+    assert preflight.versions_line(reports) == (
+        "LLaMA-Factory 0.9.5 (reads NODE_RANK), torch 2.13.0, deepspeed 0.19.8"
+    )
+    reports["vm1"]["report"]["packages"] = {"llamafactory": None, "torch": "2.4.0"}
+    found = verdict(data, reports)
+    assert [f["id"] for f in found] == ["image-without-llamafactory"]
+    assert "sees torch 2.4.0" in found[0]["cause"]
+    assert preflight.versions_line({}) is None

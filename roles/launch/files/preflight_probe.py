@@ -106,6 +106,21 @@ def count_gpus():
     return sum(1 for line in done.stdout.splitlines() if line.startswith("GPU "))
 
 
+def package_versions(names=("llamafactory", "torch", "deepspeed", "transformers")):
+    """Installed versions (None when absent), from the package metadata: no heavy import."""
+    try:
+        from importlib import metadata
+    except ImportError:  # Python < 3.8
+        return {}
+    found = {}
+    for name in names:
+        try:
+            found[name] = metadata.version(name)
+        except metadata.PackageNotFoundError:
+            found[name] = None
+    return found
+
+
 def connect(name, bind, targets, timeout, disk, gpus=False):
     deadline = time.time() + timeout
     results = [None] * len(targets)
@@ -124,6 +139,7 @@ def connect(name, bind, targets, timeout, disk, gpus=False):
         "hostname": socket.gethostname(),
         "source": source_address(targets[0]["address"]) if targets else None,
         "results": results,
+        "packages": package_versions(),
     }
     if disk:
         usage = shutil.disk_usage(disk)
