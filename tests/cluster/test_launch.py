@@ -296,7 +296,7 @@ def test_a_dead_rank_stops_the_others_and_a_rerun_resumes(train_cluster, tmp_pat
 
 def test_the_original_bridge_failure_is_stopped_and_named(train_cluster, tmp_path):
     """The hand launch of the report: Docker's bridge, MASTER_PORT published on rank 0. The
-    preflight would refuse it (test_preflight_faults.py); it is skipped to see the failure itself."""
+    preflight would refuse it (test_preflight_faults.py); it is skipped to see the failure."""
     inventory, vms = train_cluster
     job = "e2e-bridge"
     started = time.monotonic()

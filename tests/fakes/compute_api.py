@@ -18,6 +18,22 @@ and .../globalOperations):
   INGRESS rule without sources gets sourceRanges ["0.0.0.0/0"]; links use
   https://www.googleapis.com/compute/v1/ (the module fetches an operation's targetLink there).
 
+For the google.cloud.gcp_compute inventory plugin (.../rest/v1/instances/aggregatedList):
+
+- GET .../projects/P/aggregated/instances (permission compute.instances.list): a
+  compute#instanceAggregatedList whose "items" maps every zone ("zones/Z") to {"instances": [...]}
+  or, when none matches on the page, {"warning": {"code": "NO_RESULTS_ON_PAGE", ...}};
+  `filter` takes terms `FIELD = VALUE` or `FIELD != VALUE` (FIELD a dotted path such as
+  labels.KEY, status or name; VALUE bare or "quoted"; a missing field is unequal), alone or each
+  in parentheses joined by spaces (implicit AND, as the plugin joins its filters), AND, or OR;
+  anything else is a 400 invalid;
+  maxResults (at most 500) and pageToken page through the matching instances in order of zone
+  and name, and nextPageToken is set while more remain;
+- instances as the API returns them: kind, id, name, zone and selfLink as full links, status
+  (RUNNING unless given), machineType, labels as given, networkInterfaces with network and
+  subnetwork links, networkIP, and accessConfigs [{natIP, type ONE_TO_ONE_NAT, name External
+  NAT}] only where given (a VM without an external IP has none).
+
 It is reached the way the module allows: the module's URLs are fixed, so clients set
 HTTPS_PROXY=http://127.0.0.1:PORT and REQUESTS_CA_BUNDLE=STATE/ca.pem. CONNECT to
 compute.googleapis.com or www.googleapis.com:443 is answered here with TLS from a test CA (trustme)
@@ -27,8 +43,10 @@ logged. Nothing is forwarded: the fake never opens a connection of its own. It l
 
 Plain requests to /_fake/... are the tests' control API: GET requests (the log), DELETE requests,
 POST reset, POST config ({"operation_seconds": N or null for never, "deny": [PERMISSION...],
-"projects": {P: [NETWORK...]}}), GET firewalls, PUT firewalls/P/NAME (edit a rule behind the
-API's back, as someone in the console would).
+"projects": {P: [NETWORK...]}, "page_size": N or null: at most N instances a page, as the real
+API may return fewer than maxResults}), GET firewalls, PUT firewalls/P/NAME (edit a rule behind
+the API's back, as someone in the console would), GET instances, PUT instances/P/ZONE/NAME (body:
+the instance resource; the fake fills in what the API always returns and answers the result).
 
 Usage: python compute_api.py start|stop|serve --state DIR [--idle SECONDS]
   start daemonizes, waits until it answers, and writes DIR/client.json (proxy, CA, token, pid);
@@ -39,6 +57,7 @@ Usage: python compute_api.py start|stop|serve --state DIR [--idle SECONDS]
 from __future__ import annotations
 
 import argparse
+import base64
 import copy
 import ipaddress
 import itertools
@@ -64,6 +83,9 @@ PORTED = {"tcp", "udp", "sctp"}
 # Fields a patch may not change.
 IMMUTABLE = ("name", "network", "direction")
 DEFAULT_PROJECTS = {"hlf-test": ["default", "hlf-net"]}
+# Every project's zones in an aggregated list (with the zones that hold an instance).
+ZONES = ("europe-west4-a", "us-central1-a", "us-central1-b", "us-central1-c")
+MAX_RESULTS = 500
 
 
 class ApiError(Exception):
@@ -101,6 +123,8 @@ class Compute:
         with self.lock:
             self.projects = {p: set(n) for p, n in DEFAULT_PROJECTS.items()}
             self.firewalls = {}  # (project, name) -> resource
+            self.instances = {}  # (project, zone, name) -> resource
+            self.page_size = None
             self.operations = {}  # (project, name) -> [operation, done_at or None, apply]
             self.deny = set()
             self.operation_seconds = 0.0
@@ -115,6 +139,9 @@ class Compute:
                 self.deny = set(config["deny"])
             if "projects" in config:
                 self.projects = {p: set(n) for p, n in config["projects"].items()}
+            if "page_size" in config:
+                size = config["page_size"]
+                self.page_size = None if size is None else max(1, int(size))
 
     # -- the API --------------------------------------------------------------------------------
 
@@ -133,6 +160,13 @@ class Compute:
                 return error.code, error.body()
 
     def _route(self, method, path, query, body):
+        match = re.fullmatch(r"/compute/v1/projects/([^/]+)/aggregated/instances", path)
+        if match:
+            if match.group(1) not in self.projects:
+                raise not_found(f"projects/{match.group(1)}")
+            if method != "GET":
+                raise ApiError(405, "httpMethodNotAllowed", "Method not allowed")
+            return self._aggregated_instances(match.group(1), query)
         match = re.fullmatch(
             r"/compute/v1/projects/([^/]+)/global/(firewalls|operations)(?:/([^/]+))?", path
         )
@@ -189,6 +223,65 @@ class Compute:
         if items:  # the real API leaves "items" out of an empty list
             answer["items"] = items
         return answer
+
+    def _aggregated_instances(self, project, query):
+        self._check("compute.instances.list", f"projects/{project}")
+        expression = query.get("filter", [""])[0]
+        keep = parse_instance_filter(expression)
+        try:
+            size = int(query.get("maxResults", [MAX_RESULTS])[0])
+        except ValueError:
+            size = -1
+        if not 0 <= size <= MAX_RESULTS:
+            raise invalid("maxResults", query["maxResults"][0], "Must be between 0 and 500.")
+        size = min(size or MAX_RESULTS, self.page_size or MAX_RESULTS)
+        start = self._page_start(query.get("pageToken", [""])[0], expression)
+        matching = [
+            (zone, name)
+            for (p, zone, name), instance in sorted(self.instances.items())
+            if p == project and keep(instance)
+        ]
+        page = matching[start : start + size]
+        zones = sorted({*ZONES, *(zone for p, zone, _name in self.instances if p == project)})
+        items = {}
+        for zone in zones:
+            instances = [
+                copy.deepcopy(self.instances[(project, z, name)]) for z, name in page if z == zone
+            ]
+            if instances:
+                items[f"zones/{zone}"] = {"instances": instances}
+            else:
+                scope = f"zones/{zone}"
+                items[scope] = {
+                    "warning": {
+                        "code": "NO_RESULTS_ON_PAGE",
+                        "message": f"There are no results for scope '{scope}' on this page.",
+                        "data": [{"key": "scope", "value": scope}],
+                    }
+                }
+        answer = {
+            "kind": "compute#instanceAggregatedList",
+            "id": f"projects/{project}/aggregated/instances",
+            "items": items,
+            "selfLink": f"{LINK}projects/{project}/aggregated/instances",
+        }
+        if start + size < len(matching):
+            token = json.dumps({"start": start + size, "filter": expression})
+            answer["nextPageToken"] = base64.urlsafe_b64encode(token.encode()).decode()
+        return answer
+
+    @staticmethod
+    def _page_start(token, expression):
+        if not token:
+            return 0
+        try:
+            page = json.loads(base64.urlsafe_b64decode(token.encode()))
+            start = int(page["start"])
+        except (ValueError, TypeError, KeyError):
+            raise invalid("pageToken", token, "Invalid page token.") from None
+        if page.get("filter") != expression:
+            raise invalid("pageToken", token, "The page token belongs to another filter.")
+        return start
 
     def _insert(self, project, body):
         name = (body or {}).get("name", "")
@@ -356,6 +449,47 @@ class Compute:
         with self.lock:
             return {f"{p}/{n}": copy.deepcopy(r) for (p, n), r in sorted(self.firewalls.items())}
 
+    def put_instance(self, project, zone, name, body):
+        """Store an instance as the API would return it (defaults for what it always has)."""
+        with self.lock:
+            instance = copy.deepcopy(body) if isinstance(body, dict) else {}
+            zone_link = f"{LINK}projects/{project}/zones/{zone}"
+            instance.update(
+                kind="compute#instance",
+                name=name,
+                zone=zone_link,
+                selfLink=f"{zone_link}/instances/{name}",
+            )
+            instance.setdefault("id", str(next(self.ids)))
+            instance.setdefault("creationTimestamp", now())
+            instance.setdefault("status", "RUNNING")
+            instance.setdefault("machineType", f"{zone_link}/machineTypes/e2-standard-4")
+            region = zone.rsplit("-", 1)[0]
+            for index, nic in enumerate(instance.setdefault("networkInterfaces", [{}])):
+                nic.setdefault("kind", "compute#networkInterface")
+                nic.setdefault("name", f"nic{index}")
+                network = nic.get("network") or "global/networks/default"
+                nic["network"] = normalize_network(project, network) or network
+                nic.setdefault(
+                    "subnetwork",
+                    f"{LINK}projects/{project}/regions/{region}/subnetworks/"
+                    + nic["network"].rsplit("/", 1)[-1],
+                )
+                nic.setdefault("networkIP", f"10.128.{index}.{len(self.instances) + 2}")
+                for config in nic.get("accessConfigs") or []:
+                    config.setdefault("kind", "compute#accessConfig")
+                    config.setdefault("type", "ONE_TO_ONE_NAT")
+                    config.setdefault("name", "External NAT")
+                    config.setdefault("networkTier", "PREMIUM")
+            self.instances[(project, zone, name)] = instance
+            return copy.deepcopy(instance)
+
+    def instances_snapshot(self):
+        with self.lock:
+            return {
+                f"{p}/{z}/{n}": copy.deepcopy(r) for (p, z, n), r in sorted(self.instances.items())
+            }
+
 
 def normalize_network(project, value):
     """A network reference in any of the API's accepted forms, as its www.googleapis.com link."""
@@ -405,6 +539,45 @@ def parse_filter(expression):
             raise invalid("filter", expression, "Invalid list filter expression.")
         names.append(match.group(1))
     return lambda rule: rule["name"] in names
+
+
+FILTER_TERM = re.compile(r'\s*([A-Za-z_][\w-]*(?:\.[\w-]+)*)\s*(=|!=)\s*("[^"]*"|[^\s"()]+)\s*')
+
+
+def parse_instance_filter(expression):
+    """A predicate for instances.aggregatedList's filter, the subset the fake knows: terms
+    FIELD = VALUE or FIELD != VALUE, alone or each in parentheses joined by spaces (AND), AND, or
+    OR; ApiError(400) for anything else."""
+    text = expression.strip()
+    if not text:
+        return lambda instance: True
+    if "(" not in text:
+        terms, joins = [text], []
+    else:
+        parts = re.split(r"\(([^()]*)\)", text)
+        terms, joins = parts[1::2], [p.strip() for p in parts[2:-1:2]]
+        if parts[0].strip() or parts[-1].strip() or not set(joins) <= {"", "AND", "OR"}:
+            raise invalid("filter", expression, "Invalid list filter expression.")
+        if "OR" in joins and set(joins) != {"OR"}:
+            raise invalid("filter", expression, "Invalid list filter expression.")
+    tests = []
+    for term in terms:
+        match = FILTER_TERM.fullmatch(term)
+        if not match:
+            raise invalid("filter", expression, "Invalid list filter expression.")
+        field, operator, value = match.groups()
+        tests.append((field.split("."), operator == "!=", value.strip('"')))
+
+    def holds(instance, path, negate, value):
+        found = instance
+        for key in path:
+            found = found.get(key) if isinstance(found, dict) else None
+        if isinstance(found, bool):
+            found = str(found).lower()
+        return (found is not None and str(found) == value) != negate
+
+    combine = any if joins and joins[0] == "OR" else all
+    return lambda instance: combine(holds(instance, *test) for test in tests)
 
 
 class Server(ThreadingHTTPServer):
@@ -580,6 +753,11 @@ class ProxyHandler(Handler):
         if route == ("PUT", "firewalls") and len(parts) == 3:
             compute.put_firewall(unquote(parts[1]), unquote(parts[2]), body)
             return self.answer(200, {})
+        if route == ("GET", "instances"):
+            return self.answer(200, compute.instances_snapshot())
+        if route == ("PUT", "instances") and len(parts) == 4:
+            names = [unquote(part) for part in parts[1:]]
+            return self.answer(200, compute.put_instance(*names, body))
         return self.answer(404, {"error": f"no control route {self.command} {url.path}"})
 
     do_GET = do_POST = do_PATCH = do_DELETE = do_PUT = control
