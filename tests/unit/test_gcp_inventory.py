@@ -58,7 +58,9 @@ def fake_api(tmp_path_factory):
     try:
         yield json.loads((state / "client.json").read_text())
     finally:
-        subprocess.run([sys.executable, str(FAKE), "stop", "--state", str(state)], timeout=30)
+        subprocess.run(
+            [sys.executable, str(FAKE), "stop", "--state", str(state)], timeout=30, check=True
+        )
 
 
 @pytest.fixture
@@ -111,6 +113,7 @@ def run_inventory(fake, tmp_path, env=None, **options):
         capture_output=True,
         text=True,
         timeout=60,
+        check=False,
     )
 
 
