@@ -6,7 +6,6 @@ training runs in the molecule scenario `launch`.
 
 import json
 import subprocess
-import threading
 
 import pytest
 from conftest import run_playbook
@@ -38,7 +37,7 @@ def private(test_cluster):
     image = registry.push(
         client, found, images.PLATFORMS["debian12"].image_of("blank"), "test/blank:1"
     )
-    return found, image, state["inventory"], [node["container"] for node in state["nodes"]]
+    return found, image, state["inventory"], state["nodes"]
 
 
 def pull(private, tmp_path, **extravars):
@@ -67,7 +66,8 @@ def on_vm(container, script):
 
 
 def test_a_private_image_is_pulled_once_with_credentials_that_stay_off_the_node(private, tmp_path):
-    found, image, _inventory, vms = private
+    found, image, _inventory, nodes = private
+    vms = [node["container"] for node in nodes]
     for vm in vms:
         on_vm(vm, f"docker rmi -f {image}")
     runner, outcome, shown = pull(
@@ -102,9 +102,9 @@ def test_a_private_image_is_pulled_once_with_credentials_that_stay_off_the_node(
     ],
 )
 def test_refused_credentials_are_named(private, tmp_path, secret, expected):
-    found, image, _inventory, vms = private
-    for vm in vms:
-        on_vm(vm, f"docker rmi -f {image}")
+    found, image, _inventory, nodes = private
+    for node in nodes:
+        on_vm(node["container"], f"docker rmi -f {image}")
     extravars = {"user": found.username, "secret": secret} if secret else {}
     runner, outcome, _shown = pull(private, tmp_path, **extravars)
     assert runner.rc != 0
@@ -118,27 +118,30 @@ def test_refused_credentials_are_named(private, tmp_path, secret, expected):
 def test_a_registry_that_never_answers_hits_the_deadline(private, tmp_path):
     """A registry address that accepts connections and says nothing (a half-open firewall, an
     overloaded proxy): the pull is cancelled at the deadline, naming launch_pull_timeout."""
-    _found, _image, _inventory, vms = private
+    _found, _image, _inventory, nodes = private
+    vms = [node["container"] for node in nodes]
     listener = (
         "import socket, time\n"
         "s = socket.socket(); s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)\n"
         "s.bind(('0.0.0.0', 5009)); s.listen(8)\n"
         "held = []\n"
-        "end = time.time() + 90\n"
         "s.settimeout(1)\n"
-        "while time.time() < end:\n"
+        "while True:\n"
         "    try:\n"
         "        held.append(s.accept()[0])\n"
         "    except OSError:\n"
         "        pass\n"
     )
-    silent = threading.Thread(
-        target=on_vm, args=(vms[1], f'timeout 100 python3 -c "{listener}"'), daemon=True
+    start = (
+        f"cat > /root/silent.py <<'EOF'\n{listener}EOF\n"
+        "nohup timeout 120 python3 /root/silent.py >/dev/null 2>&1 & echo $! > /run/silent.pid"
     )
-    silent.start()
-    address = on_vm(vms[1], "ip -4 -o addr show dev eth0 | awk '{print $4}'").stdout.split("/")[0]
-    image = f"{address}:5009/test/never:1"
-    runner, outcome, _shown = pull(private, tmp_path, image=image, pull_timeout=4)
+    assert on_vm(vms[1], start).returncode == 0
+    image = f"{nodes[1]['vpc_address']}:5009/test/never:1"
+    try:
+        runner, outcome, _shown = pull(private, tmp_path, image=image, pull_timeout=4)
+    finally:
+        on_vm(vms[1], "kill $(cat /run/silent.pid); rm -f /run/silent.pid /root/silent.py")
     assert runner.rc != 0
     for host, result in outcome.items():
         assert not result["ok"] and result.get("state") == "timed_out", (host, result)
