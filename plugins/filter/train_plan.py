@@ -34,6 +34,11 @@ options:
   overrides:
     description: Options set over the file's (C(llamafactory_train_overrides)).
     type: dict
+  shared:
+    description: Folders mounted on every node (C(llamafactory_shared_mounts)); config paths
+      under them are used in place, not copied.
+    type: list
+    elements: str
 """
 
 EXAMPLES = r"""
@@ -59,9 +64,9 @@ from ansible_collections.hostnet.llamafactory.plugins.module_utils.train_config 
 )
 
 
-def train_plan(config, config_path, job_dir, overrides=None):
+def train_plan(config, config_path, job_dir, overrides=None, shared=None):
     try:
-        return plan(config, config_path, job_dir, overrides)
+        return plan(config, config_path, job_dir, overrides, shared or ())
     except PlanError as exc:
         raise AnsibleFilterError(str(exc)) from exc
 

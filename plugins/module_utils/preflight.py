@@ -115,6 +115,16 @@ def findings(
     nodes: host -> {'rank', 'address', 'interface', 'mtu'}. Returns a list of findings."""
     found = []
     for host in sorted(nodes, key=lambda h: int(nodes[h]["rank"])):
+        for mount in (reports.get(host) or {}).get("missing_mounts") or []:
+            found.append(
+                _finding(
+                    "shared-mount-missing",
+                    "%s has no folder %s (llamafactory_shared_mounts): Docker would create it "
+                    "empty and the ranks would not find their data or model there" % (host, mount),
+                    "mount it on every node (Filestore, gcsfuse...) before the launch, or take it "
+                    "out of llamafactory_shared_mounts",
+                )
+            )
         listener = (reports.get(host) or {}).get("listener") or {}
         problem = _listener_problem(host, nodes[host], listener, master_port, probe_port)
         if problem:

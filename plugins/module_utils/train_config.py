@@ -34,7 +34,19 @@ class PlanError(ValueError):
     """A config the launch cannot use; the message names the key and the fix."""
 
 
-def plan(user_config, config_path, job_dir, overrides=None):
+def _on_shared(value, shared):
+    """The shared mount (an absolute folder mounted on every node) that holds `value`, or None."""
+    if not os.path.isabs(value):
+        return None
+    path = os.path.normpath(value)
+    for mount in shared or ():
+        mount = os.path.normpath(mount)
+        if path == mount or path.startswith(mount.rstrip("/") + "/"):
+            return mount
+    return None
+
+
+def plan(user_config, config_path, job_dir, overrides=None, shared=()):
     """{config, copies, output_dir, notes, digest} for one job; see the module docstring."""
     if not isinstance(user_config, dict):
         raise PlanError(
@@ -55,6 +67,12 @@ def plan(user_config, config_path, job_dir, overrides=None):
     for key, name in COPIED_KEYS:
         value = config.get(key)
         if not isinstance(value, str) or not value:
+            continue
+        mount = _on_shared(value, shared)
+        if mount:
+            notes.append(
+                "%s %s is on the shared mount %s: every node reads it there" % (key, value, mount)
+            )
             continue
         source = os.path.normpath(os.path.join(base, os.path.expanduser(value)))
         if not os.path.exists(source):

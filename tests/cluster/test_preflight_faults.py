@@ -152,6 +152,18 @@ def test_master_port_already_taken(train_cluster, tmp_path):
     assert_nothing_started((vm0, vm1), "pf-busy")
 
 
+def test_a_shared_mount_missing_on_the_nodes(train_cluster, tmp_path):
+    inventory, vms = train_cluster
+    rc, failures, _unreachable = train(
+        inventory, tmp_path, "pf-nomount", llamafactory_shared_mounts=["/srv/nowhere"]
+    )
+    assert rc != 0
+    message = failures["vm0"]
+    assert "shared-mount-missing: vm0 has no folder /srv/nowhere" in message
+    assert "shared-mount-missing: vm1 has no folder /srv/nowhere" in message
+    assert_nothing_started(vms, "pf-nomount")
+
+
 def test_mtu_mismatch(train_cluster, tmp_path):
     inventory, (vm0, vm1) = train_cluster
     nic, mtu = vm1.node["nic"], vm1.node["vpc_mtu"]

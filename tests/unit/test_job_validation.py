@@ -120,6 +120,12 @@ CATALOGUE = [
         ["launch_pull_timeout (1h) positive seconds"],
     ),
     (
+        "shared-mount-relative",
+        {"llamafactory_shared_mounts": ["data"]},
+        None,
+        ["llamafactory_shared_mounts must list absolute folders"],
+    ),
+    (
         "registry-password-alone",
         {"launch_registry_password": "token"},
         None,

@@ -236,3 +236,11 @@ def test_versions_and_an_image_without_llamafactory():
     assert [f["id"] for f in found] == ["image-without-llamafactory"]
     assert "sees torch 2.4.0" in found[0]["cause"]
     assert preflight.versions_line({}) is None
+
+
+def test_a_shared_mount_missing_on_a_node():
+    data, reports = case("healthy")
+    reports["vm1"]["missing_mounts"] = ["/mnt/shared"]
+    found = verdict(data, reports)
+    assert [f["id"] for f in found] == ["shared-mount-missing"]
+    assert "vm1 has no folder /mnt/shared (llamafactory_shared_mounts)" in found[0]["cause"]

@@ -312,3 +312,25 @@ def test_the_local_demo_config():
     )
     assert set(config) <= set(rendered)
     assert set(rendered) - set(config) == {"save_on_each_node"}
+
+
+def test_paths_on_a_shared_mount_are_used_in_place(project):
+    """The controller may have the mount too (a VM in the VPC): still no copy of a 100 GB model."""
+    base, path, config = project
+    config = dict(config, model_name_or_path=str(base / "model"), dataset_dir=str(base / "data"))
+    result = plan(config, str(path), JOB, shared=[str(base), "/mnt/other"])
+    # A relative path is the controller's (next to the config): still copied.
+    assert [c["key"] for c in result["copies"]] == ["deepspeed"]
+    assert result["config"]["model_name_or_path"] == str(base / "model")
+    assert result["config"]["dataset_dir"] == str(base / "data")
+    assert f"dataset_dir {base / 'data'} is on the shared mount {base}" in " ".join(result["notes"])
+    assert result["config"]["deepspeed"] == f"{JOB}/deepspeed.json"
+
+
+def test_a_shared_mount_matches_whole_folders_only(project):
+    base, path, config = project
+    config = dict(config, dataset_dir=str(base / "data"))
+    result = plan(config, str(path), JOB, shared=[str(base / "dat"), str(base / "data") + "/"])
+    assert result["config"]["dataset_dir"] == str(base / "data")  # /data/ matches, /dat does not
+    result = plan(config, str(path), JOB, shared=[str(base / "dat")])
+    assert result["config"]["dataset_dir"] == f"{JOB}/data"  # copied as before
