@@ -293,12 +293,3 @@ def pull_vars(registry: Registry, image: str) -> Path:
         + "\n"
     )
     return path
-
-
-def catalog(registry: Registry) -> list[str]:
-    status, body = _get(
-        registry.local, registry.ca, "/v2/_catalog", (registry.username, registry.password)
-    )
-    if status != 200:
-        raise ClusterError(f"registry {registry.container}: catalog answered {status}")
-    return json.loads(body).get("repositories", [])
