@@ -156,3 +156,16 @@ def test_a_registry_that_never_answers_hits_the_deadline(private, tmp_path):
         )
         assert record["state"] == "failed" and record["error"] == "cancelled"
         assert on_vm(vm, f"kill -0 {record['pid']}").returncode != 0
+
+
+def test_bringing_the_cluster_up_again_keeps_it_and_its_registry(private, test_cluster):
+    """`localcluster up` on a running cluster with its registry is a no-op (./dev demo --keep,
+    then ./dev demo or ./dev bench): the registry shares the cluster's label but is no VM."""
+    definition, state = test_cluster
+    client = cluster.client()
+    label = {"label": f"{cluster.CLUSTER_LABEL}={definition.name}"}
+    before = {c.name: c.id for c in client.containers.list(filters=label)}
+    assert f"hlf-{definition.name}-registry" in before
+    again = cluster.up(definition)
+    after = {c.name: c.id for c in client.containers.list(filters=label)}
+    assert after == before and again["nodes"] == state["nodes"]

@@ -28,6 +28,7 @@ from .util import ClusterError, log, pipe, run, wait_until
 
 CLUSTER_LABEL = "hostnet.llamafactory.cluster"
 SPEC_LABEL = "hostnet.llamafactory.cluster.spec"
+VM_LABEL = "hostnet.llamafactory.vm"
 EXTERNAL_NIC = "ext0"
 BOOT_DEADLINE_S = 120
 # --privileged fails where the host lacks CAP_SYS_RESOURCE: every other capability instead.
@@ -85,8 +86,10 @@ def up(spec: ClusterSpec) -> dict:
         all=True, filters={"label": f"{CLUSTER_LABEL}={spec.name}"}
     )
     if existing:
-        same = all(c.labels.get(SPEC_LABEL) == wanted and c.status == "running" for c in existing)
-        if same and len(existing) == len(spec.vms) and (state_dir(spec) / "state.json").exists():
+        # The VMs decide; the cluster's registry (same cluster label) is kept along with them.
+        vms = [c for c in existing if VM_LABEL in c.labels]
+        same = all(c.labels.get(SPEC_LABEL) == wanted and c.status == "running" for c in vms)
+        if same and len(vms) == len(spec.vms) and (state_dir(spec) / "state.json").exists():
             log(f"cluster {spec.name}: already up as defined")
             state = json.loads((state_dir(spec) / "state.json").read_text())
             _check_ssh(state)
@@ -195,7 +198,7 @@ def _create_vm(docker_client, spec: ClusterSpec, vm: VM, wanted: str):
         detach=True,
         command=["/lib/systemd/systemd"],
         environment={"container": "docker"},
-        labels=_labels(spec, **{SPEC_LABEL: wanted, "hostnet.llamafactory.vm": vm.name}),
+        labels=_labels(spec, **{SPEC_LABEL: wanted, VM_LABEL: vm.name}),
         cap_add=["ALL"],
         cap_drop=CAP_DROP,
         security_opt=["seccomp=unconfined", "apparmor=unconfined"],

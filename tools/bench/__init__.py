@@ -1,0 +1,1 @@
+"""hostnet.llamafactory's benchmarks on the local cluster: `./dev bench --help`."""

@@ -1,0 +1,156 @@
+"""./dev bench: what the collection costs and what it saves, measured on the local cluster.
+
+  time-to-cause  seconds until a known multi-node failure is named (the preflight) versus the
+                 hand launch of the report failing or hanging (capped)
+  rerun          train.yml again with the job finished (changed=0) on 2 and on 8 VMs: wall time
+                 and the controller's CPU seconds per node
+  allreduce      Gloo all_reduce bus bandwidth, 16-256 MB, host-networked containers (the
+                 role's docker run options) versus the same processes run on the VMs directly
+  demo           wall time of ./dev demo, cold once (the cluster's images removed) and warm
+
+The runs of each comparison are interleaved within this invocation and paired by repetition;
+results.json (every measurement, rewritten after each one), results.md and results.png go to
+--out. --resume continues an interrupted run, skipping what results.json already holds.
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime
+import os
+import platform
+import subprocess
+import sys
+from pathlib import Path
+
+from . import runs
+from .results import Results
+
+BENCHMARKS = ["demo", "time-to-cause", "allreduce", "rerun"]
+NOTES = {
+    "time-to-cause": (
+        "Preflight: `train.yml` with the fault, timed from its start until the finding's id "
+        "appears in its output (the job's image already on the nodes, as after any first run). "
+        "Hand launch: `docker run` of the job's own image, config and data on both VMs at once, "
+        "as the report's user does it - Docker's bridge with `-p 29500:29500` and no NIC set "
+        "(bridge networking), host networking with `GLOO_SOCKET_IFNAME=ext0` (wrong NIC), host "
+        "networking with TCP 30000-65535 dropped on vm1 (blocked port), `RANK=0/1` and no "
+        "`NODE_RANK` (two nodes at rank 0: LLaMA-Factory 0.9.5 reads NODE_RANK) - timed until a "
+        "rank exits with an error, or the cap (a hang). MASTER_ADDR is rank 0's internal "
+        "address in both, so that each run has one fault only."
+    ),
+    "rerun": (
+        "`train.yml` with the job already finished (every task ok, none changed), 8 VMs versus "
+        "their first 2 (the same cluster, two inventories). CPU: user+system seconds of "
+        "ansible-playbook and every process it started, its ssh masters included (each run "
+        "opens its own connections). The 8 VMs run on the same 2 cores as the controller."
+    ),
+    "allreduce": (
+        "Container: `docker run --network host --ipc host --env-file <the job's env>` of the "
+        "training image, as the role's launch.sh. Bare: the same image's files unpacked on the "
+        "VM and run with chroot (no namespaces, no cgroup of its own), the same env file. One "
+        "torchrun process per VM, Gloo over the VPC NIC (MTU 1460), bus bandwidth as "
+        "nccl-tests defines it. Both VMs share this machine's 2 cores."
+    ),
+    "demo": (
+        "Cold: after `./dev cluster rmi` (VM images, training image, registry image and its "
+        "storage removed; the pip wheelhouse and the debootstrap downloads stay cached). "
+        "Warm: everything cached, the cluster created and removed by the command itself."
+    ),
+}
+
+
+def machine() -> str:
+    model = ""
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                model = line.split(":", 1)[1].strip()
+                break
+    except OSError:
+        pass
+    memory = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES") / 2**30
+    return f"{os.cpu_count()} cores ({model}), {memory:.0f} GiB, Linux {platform.release()}"
+
+
+def versions() -> dict:
+    found = {"python": platform.python_version()}
+    try:
+        import ansible.release
+
+        found["ansible-core"] = ansible.release.__version__
+    except ImportError:
+        pass
+    docker = subprocess.run(
+        ["docker", "version", "-f", "{{.Server.Version}}"],
+        capture_output=True,
+        text=True,
+        check=False,
+        timeout=30,
+    )
+    found["docker"] = docker.stdout.strip()
+    return found
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(
+        prog="./dev bench", description=__doc__, formatter_class=argparse.RawTextHelpFormatter
+    )
+    parser.add_argument("--only", nargs="+", choices=BENCHMARKS, default=BENCHMARKS)
+    parser.add_argument("--reps", type=int, default=3, help="repetitions (default %(default)s)")
+    parser.add_argument("--cap", type=float, default=120, help="hand launch cap, s (120)")
+    parser.add_argument("--out", type=Path, default=runs.ROOT / "benchmarks")
+    parser.add_argument("--resume", action="store_true", help="keep results.json's runs")
+    parser.add_argument("--no-cold", action="store_true", help="demo: skip the cold run")
+    parser.add_argument("--keep", action="store_true", help="leave the bench cluster up")
+    args = parser.parse_args(argv)
+    if args.reps < 1:
+        parser.error("--reps must be 1 or more")
+    started = datetime.datetime.now(datetime.UTC).strftime("%Y-%m-%d %H:%M UTC")
+    selected = [b for b in BENCHMARKS if b in args.only]
+    results = Results(
+        args.out,
+        meta={
+            "started": started,
+            "command": "./dev bench " + " ".join(argv if argv is not None else sys.argv[1:]),
+            "machine": machine(),
+            "versions": versions(),
+            "reps": args.reps,
+            "cap_s": args.cap,
+            "notes": {b: NOTES[b] for b in selected},
+        },
+        resume=args.resume,
+    )
+    logs = args.out / "logs"
+    try:
+        if "demo" in selected:
+            runs.demo(results, args.reps, logs, cold=not args.no_cold)
+        cluster_benches = [b for b in selected if b != "demo"]
+        if cluster_benches:
+            bench = runs.BenchCluster(8 if "rerun" in selected else 2, logs)
+            bench.up()
+            try:
+                bench.ensure_trained(2, runs.BASE_JOB, deadline_s=1800)
+                if "time-to-cause" in selected:
+                    runs.time_to_cause(bench, results, args.reps, args.cap)
+                if "allreduce" in selected:
+                    runs.allreduce(bench, results, args.reps)
+                if "rerun" in selected:
+                    runs.rerun(bench, results, args.reps)
+            finally:
+                if not args.keep:
+                    bench.down()
+    except KeyboardInterrupt:
+        print(f"bench: interrupted; what was measured is in {results.path}", file=sys.stderr)
+        return 130
+    except runs.BenchError as exc:
+        print(f"bench: error: {exc}\nwhat was measured is in {results.path}", file=sys.stderr)
+        return 1
+    results.meta["finished"] = datetime.datetime.now(datetime.UTC).strftime("%Y-%m-%d %H:%M UTC")
+    results.save()
+    print(f"bench: results in {results.folder} (results.json, results.md, results.png)")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,259 @@
+"""The benchmarks' results: one JSON file rewritten after every measurement (so an interrupted
+run keeps what it measured), and the Markdown table and PNG chart made from it.
+
+A comparison pairs the runs of two variants by repetition (A B A B ...: run i of A with run i
+of B), computes each pair's ratio and reports the median and the spread (min-max) of the
+ratios, with the median and spread of each variant's own figures.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import statistics
+import tempfile
+from pathlib import Path
+
+# What each benchmark compares: (variant A, variant B, the figure, how the ratio reads).
+COMPARISONS = {
+    "time-to-cause": ("preflight", "hand", "seconds", "hand / preflight"),
+    "rerun": ("2 nodes", "8 nodes", "seconds", "8 nodes / 2 nodes"),
+    "allreduce": ("bare", "container", "busbw_GBps", "container / bare"),
+    "demo": ("cold", "warm", "seconds", "cold / warm"),
+}
+TITLES = {
+    "time-to-cause": "1. Time to a named cause (s, lower is better; a hang counts as the cap)",
+    "rerun": "2. Re-run with the job finished (train.yml, changed=0)",
+    "allreduce": "3. all_reduce bus bandwidth between two VMs (Gloo, GB/s, higher is better)",
+    "demo": "4. Wall time of `./dev demo` (s)",
+}
+
+
+class Results:
+    """The measurements of one benchmark run, kept in `folder`/results.json."""
+
+    def __init__(self, folder: Path, meta: dict | None = None, resume: bool = False):
+        self.folder = Path(folder)
+        self.path = self.folder / "results.json"
+        data = {}
+        if resume and self.path.is_file():
+            data = json.loads(self.path.read_text())
+        self.meta = {**data.get("meta", {}), **(meta or {})}
+        self.measurements: list[dict] = data.get("measurements", [])
+
+    def has(self, bench: str, case: str, variant: str, rep: int) -> bool:
+        key = (bench, case, variant, rep)
+        return any(_key(m) == key for m in self.measurements)
+
+    def add(self, bench: str, case: str, variant: str, rep: int, **figures) -> dict:
+        """Record one measurement and write every output at once (atomic replace)."""
+        if bench not in COMPARISONS:
+            raise ValueError(f"unknown benchmark {bench!r}; known: {sorted(COMPARISONS)}")
+        item = {"bench": bench, "case": case, "variant": variant, "rep": rep, **figures}
+        self.measurements = [m for m in self.measurements if _key(m) != (bench, case, variant, rep)]
+        self.measurements.append(item)
+        self.save()
+        return item
+
+    def save(self) -> None:
+        self.folder.mkdir(parents=True, exist_ok=True)
+        summary = summarize(self.measurements)
+        document = {"meta": self.meta, "summary": summary, "measurements": self.measurements}
+        _atomic_write(self.path, json.dumps(document, indent=2) + "\n")
+        _atomic_write(self.folder / "results.md", markdown(self.meta, summary))
+        # matplotlib is a bench-only dependency; without it the JSON and the table stay
+        with contextlib.suppress(ImportError):
+            chart(summary, self.folder / "results.png")
+
+
+def _key(measurement: dict) -> tuple:
+    return tuple(measurement[k] for k in ("bench", "case", "variant", "rep"))
+
+
+def _atomic_write(path: Path, text: str) -> None:
+    handle, temporary = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.")
+    with os.fdopen(handle, "w") as stream:
+        stream.write(text)
+    os.chmod(temporary, 0o644)
+    os.replace(temporary, path)
+
+
+def spread(values: list[float]) -> dict:
+    """median, min, max and n of a list (None when empty)."""
+    if not values:
+        return {"n": 0, "median": None, "min": None, "max": None}
+    return {
+        "n": len(values),
+        "median": statistics.median(values),
+        "min": min(values),
+        "max": max(values),
+    }
+
+
+def summarize(measurements: list[dict]) -> dict:
+    """bench -> case -> {variant A, variant B, ratio}: each variant's figures and the pairwise
+    ratios B/A over the repetitions both variants have (unpaired runs are left out of ratios)."""
+    summary: dict = {}
+    for bench, (first, second, figure, _reads) in COMPARISONS.items():
+        cases = [m["case"] for m in measurements if m["bench"] == bench]
+        for case in dict.fromkeys(cases):
+            by_variant: dict[str, dict[int, float]] = {first: {}, second: {}}
+            for m in measurements:
+                wanted = m["bench"] == bench and m["case"] == case
+                if wanted and m["variant"] in by_variant and m.get(figure) is not None:
+                    by_variant[m["variant"]][m["rep"]] = float(m[figure])
+            pairs = sorted(set(by_variant[first]) & set(by_variant[second]))
+            ratios = [
+                by_variant[second][rep] / by_variant[first][rep]
+                for rep in pairs
+                if by_variant[first][rep]
+            ]
+            summary.setdefault(bench, {})[case] = {
+                first: spread(list(by_variant[first].values())),
+                second: spread(list(by_variant[second].values())),
+                "ratio": spread(ratios),
+                "extra": _extra(measurements, bench, case),
+            }
+    return summary
+
+
+def _extra(measurements: list[dict], bench: str, case: str) -> dict:
+    """Per-benchmark details the table shows besides the main figure."""
+    mine = [m for m in measurements if m["bench"] == bench and m["case"] == case]
+    if bench == "time-to-cause":
+        hand = [m for m in mine if m["variant"] == "hand"]
+        ours = [m for m in mine if m["variant"] == "preflight"]
+        return {
+            "hand_capped": sum(1 for m in hand if m.get("capped")),
+            "hand_runs": len(hand),
+            "preflight_named": sum(1 for m in ours if m.get("named")),
+            "preflight_runs": len(ours),
+            "preflight_said": next((m["shown"] for m in ours if m.get("shown")), ""),
+            "hand_showed": next((m["shown"] for m in reversed(hand) if m.get("shown")), ""),
+        }
+    if bench == "rerun":
+        cpu: dict[str, list[float]] = {}
+        for m in mine:
+            if m.get("cpu_s_per_node") is not None:
+                cpu.setdefault(m["variant"], []).append(float(m["cpu_s_per_node"]))
+        changed = sorted({m.get("changed") for m in mine if m.get("changed") is not None})
+        return {"cpu_s_per_node": {k: spread(v) for k, v in cpu.items()}, "changed": changed}
+    return {}
+
+
+def _fmt(stats: dict, digits: int = 1) -> str:
+    if not stats or not stats.get("n"):
+        return "-"
+    median, low, high = stats["median"], stats["min"], stats["max"]
+    if stats["n"] == 1:
+        return f"{median:.{digits}f}"
+    return f"{median:.{digits}f} ({low:.{digits}f}-{high:.{digits}f})"
+
+
+def _cell(text: str) -> str:
+    return " ".join(str(text).split()).replace("|", "\\|")
+
+
+def markdown(meta: dict, summary: dict) -> str:
+    lines = ["# Benchmarks", ""]
+    if meta:
+        lines += [
+            f"Measured {meta.get('finished') or meta.get('started', '?')} with "
+            f"`{meta.get('command', './dev bench')}` on {meta.get('machine', 'this machine')}.",
+            "Figures: median (min-max) over the repetitions; ratios are taken pair by pair "
+            "(run i of one variant with run i of the other, the two interleaved).",
+            "",
+        ]
+    for bench, (first, second, _figure, reads) in COMPARISONS.items():
+        cases = summary.get(bench)
+        if not cases:
+            continue
+        lines += [f"## {TITLES[bench]}", ""]
+        if bench == "time-to-cause":
+            lines += [
+                f"| failure | preflight (s) | hand launch (s) | {reads} | named by the "
+                "preflight | hand launches at the cap | what the preflight said | what the hand "
+                "launch showed |",
+                "|---|---|---|---|---|---|---|---|",
+            ]
+            for case, row in cases.items():
+                extra = row["extra"]
+                lines.append(
+                    f"| {case} | {_fmt(row[first])} | {_fmt(row[second])} | "
+                    f"{_fmt(row['ratio'])}x | {extra['preflight_named']} of "
+                    f"{extra['preflight_runs']} | {extra['hand_capped']} of {extra['hand_runs']} | "
+                    f"{_cell(extra['preflight_said'])} | {_cell(extra['hand_showed'])} |"
+                )
+        elif bench == "rerun":
+            lines += [
+                "| nodes | wall time (s) | controller CPU s per node |",
+                "|---|---|---|",
+            ]
+            for row in cases.values():
+                cpu = row["extra"]["cpu_s_per_node"]
+                for variant in (first, second):
+                    lines.append(
+                        f"| {variant} | {_fmt(row[variant])} | {_fmt(cpu.get(variant), 2)} |"
+                    )
+                lines += [
+                    "",
+                    f"Wall time ratio {reads}: {_fmt(row['ratio'], 2)}x "
+                    f"(changed tasks on the re-runs: {row['extra']['changed'] or '-'}).",
+                ]
+        elif bench == "allreduce":
+            lines += [
+                f"| tensor | {first} | {second} | {reads} |",
+                "|---|---|---|---|",
+            ]
+            for case, row in cases.items():
+                lines.append(
+                    f"| {case} | {_fmt(row[first], 3)} | {_fmt(row[second], 3)} | "
+                    f"{_fmt(row['ratio'], 3)} |"
+                )
+        elif bench == "demo":
+            lines += [f"| {first} | {second} | {reads} |", "|---|---|---|"]
+            for _case, row in cases.items():
+                lines.append(
+                    f"| {_fmt(row[first], 0)} | {_fmt(row[second], 0)} | {_fmt(row['ratio'], 2)}x |"
+                )
+        notes = meta.get("notes", {}).get(bench)
+        if notes:
+            lines += ["", notes]
+        lines.append("")
+    return "\n".join(lines)
+
+
+def chart(summary: dict, path: Path) -> None:
+    """One panel per benchmark: bars at the median, whiskers from min to max."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    benches = [b for b in COMPARISONS if summary.get(b)]
+    if not benches:
+        return
+    figure, axes = plt.subplots(1, len(benches), figsize=(5.2 * len(benches), 4.2), squeeze=False)
+    for axis, bench in zip(axes[0], benches, strict=True):
+        first, second, figure_name, _reads = COMPARISONS[bench]
+        cases = list(summary[bench])
+        width = 0.38
+        for offset, variant in ((-width / 2, first), (width / 2, second)):
+            medians, low, high = [], [], []
+            for case in cases:
+                stats = summary[bench][case][variant]
+                median = stats["median"] if stats["n"] else 0.0
+                medians.append(median)
+                low.append(median - (stats["min"] if stats["n"] else 0.0))
+                high.append((stats["max"] if stats["n"] else 0.0) - median)
+            positions = [i + offset for i in range(len(cases))]
+            axis.bar(positions, medians, width, label=variant, yerr=[low, high], capsize=3)
+        axis.set_xticks(range(len(cases)))
+        axis.set_xticklabels(cases, rotation=20, ha="right", fontsize=8)
+        axis.set_ylabel("GB/s" if figure_name == "busbw_GBps" else "seconds")
+        axis.set_title(TITLES[bench].split(" (")[0], fontsize=9)
+        axis.legend(fontsize=8)
+    figure.tight_layout()
+    figure.savefig(path, dpi=110)
+    plt.close(figure)

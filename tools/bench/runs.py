@@ -1,0 +1,615 @@
+"""The four benchmarks, on a local cluster of their own ('bench', subnets moved by 6 x 32 /24s)
+or, for the demo, through `./dev demo` itself. Every run has a deadline and prints progress.
+
+Jobs: 'bench-base' trains once on vm0+vm1 (the image pulled from the cluster's registry, the
+demo's config with a few steps); the hand launches and the all_reduce runs reuse what it staged
+on the nodes (config, env file, image); 'bench-n8' trains once on 8 VMs for the re-run benchmark.
+"""
+
+from __future__ import annotations
+
+import concurrent.futures
+import ctypes
+import json
+import os
+import re
+import shlex
+import shutil
+import signal
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from pathlib import Path
+
+import yaml
+from localcluster import cluster, registry, spec, train_image
+
+from .results import Results
+
+ROOT = Path(__file__).resolve().parents[2]
+CLUSTER, SHIFT = "bench", 6
+JOBS = "/var/lib/llamafactory/jobs"
+SCRATCH = "/var/lib/llamafactory/bench"
+BASE_JOB, N8_JOB = "bench-base", "bench-n8"
+# Every bench job: the demo's config cut to a few steps (the re-run does not train anyway).
+JOB_VARS = {"llamafactory_train_overrides": {"max_steps": 4, "save_steps": 2}}
+SIZES_MB = [16, 32, 64, 128, 256]
+# Which finding names each failure, and what the preflight run changes to cause it.
+FAULTS = {
+    "bridge networking": {
+        "expect": "container-not-on-host-network",
+        "vars": {"llamafactory_network_mode": "bridge", "launch_allow_bridge": True},
+    },
+    "wrong NIC": {"expect": "master-unreachable", "vars": {"llamafactory_interface": "ext0"}},
+    "blocked port": {"expect": "peer-unreachable", "vars": {}},
+    "two nodes at rank 0": {"expect": "llamafactory_node_rank must be unique", "vars": {}},
+}
+BLOCK_RULE = "INPUT -i {nic} -p tcp -m conntrack --ctstate NEW --dport 30000:65535 -j DROP"
+
+
+def slug(text: str) -> str:
+    """'wrong NIC' -> 'wrong-nic' (job, folder and log names)."""
+    return re.sub(r"[^a-z0-9]+", "-", text.lower()).strip("-")
+
+
+def say(message: str) -> None:
+    print(f"[bench {time.strftime('%H:%M:%S')}] {message}", file=sys.stderr, flush=True)
+
+
+class BenchError(RuntimeError):
+    pass
+
+
+def vm_sh(container: str, script: str, timeout: float = 300, check: bool = True) -> str:
+    try:
+        result = subprocess.run(
+            ["docker", "exec", container, "sh", "-c", script],
+            capture_output=True,
+            text=True,
+            timeout=timeout,
+            check=False,
+        )
+    except subprocess.TimeoutExpired as exc:
+        raise BenchError(f"{container}: {script[:80]!r} did not finish in {timeout:.0f} s") from exc
+    if check and result.returncode != 0:
+        raise BenchError(
+            f"{container}: {script[:120]!r} failed ({result.returncode}): "
+            f"{(result.stderr or result.stdout)[-1500:]}"
+        )
+    return result.stdout
+
+
+def parallel(function, items):
+    with concurrent.futures.ThreadPoolExecutor(max(1, len(items))) as pool:
+        return list(pool.map(function, items))
+
+
+# ------------------------------------------------------------------ the controller's runs
+
+
+def _become_subreaper() -> None:
+    """Orphaned descendants (ssh's ControlPersist masters) become our children, so that their
+    CPU time is counted in RUSAGE_CHILDREN once they are reaped."""
+    libc = ctypes.CDLL(None, use_errno=True)
+    if libc.prctl(36, 1, 0, 0, 0) != 0:  # PR_SET_CHILD_SUBREAPER
+        raise BenchError("prctl(PR_SET_CHILD_SUBREAPER) failed: the CPU figures would miss ssh")
+
+
+def _cpu_of_children() -> float:
+    import resource
+
+    usage = resource.getrusage(resource.RUSAGE_CHILDREN)
+    return usage.ru_utime + usage.ru_stime
+
+
+def _end_ssh_masters(control_dir: Path) -> None:
+    for socket_path in control_dir.iterdir():
+        subprocess.run(
+            ["ssh", "-O", "exit", "-o", f"ControlPath={socket_path}", "bench"],
+            capture_output=True,
+            timeout=20,
+            check=False,
+        )
+    deadline = time.monotonic() + 10
+    while time.monotonic() < deadline:  # reap the masters (now our children)
+        try:
+            pid, _status = os.waitpid(-1, os.WNOHANG)
+        except ChildProcessError:
+            return
+        if pid == 0:
+            time.sleep(0.1)
+
+
+def run_logged(
+    command: list[str],
+    log_path: Path,
+    label: str,
+    deadline_s: float,
+    watch: str | None = None,
+    env: dict | None = None,
+) -> dict:
+    """Run a controller command with its output in log_path and a progress line every 20 s;
+    kill it at the deadline. Returns rc, seconds, cpu_s (it and every process it started,
+    ssh masters included), seen_s (when `watch` first appeared in its output) and the output."""
+    log_path.parent.mkdir(parents=True, exist_ok=True)
+    control_dir = Path(tempfile.mkdtemp(prefix="hlf-bench-ssh-"))
+    environment = {
+        **os.environ,
+        "ANSIBLE_SSH_CONTROL_PATH_DIR": str(control_dir),
+        "ANSIBLE_NOCOLOR": "1",
+        **(env or {}),
+    }
+    state = {"seen": None, "task": "", "lines": []}
+    cpu_before = _cpu_of_children()
+    started = time.monotonic()
+    with (
+        log_path.open("w") as log,
+        subprocess.Popen(
+            command,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
+            text=True,
+            env=environment,
+            cwd=ROOT,
+            start_new_session=True,
+        ) as process,
+    ):
+
+        def read():
+            for line in process.stdout:
+                log.write(line)
+                state["lines"].append(line)
+                if line.startswith(("TASK [", "PLAY [")) or line.startswith("==>"):
+                    state["task"] = line.strip(" *\n")
+                if watch and state["seen"] is None and watch in line:
+                    state["seen"] = time.monotonic() - started
+
+        reader = threading.Thread(target=read, daemon=True)
+        reader.start()
+        timed_out = False
+        while True:
+            try:
+                process.wait(timeout=20)
+                break
+            except subprocess.TimeoutExpired:
+                elapsed = time.monotonic() - started
+                if elapsed > deadline_s:
+                    timed_out = True
+                    os.killpg(process.pid, signal.SIGTERM)
+                    process.wait(timeout=30)
+                    break
+                say(f"{label}: {elapsed:.0f} s, {state['task'][:100]}")
+        reader.join(timeout=30)
+    seconds = time.monotonic() - started
+    _end_ssh_masters(control_dir)
+    cpu = _cpu_of_children() - cpu_before
+    shutil.rmtree(control_dir, ignore_errors=True)
+    output = "".join(state["lines"])
+    if timed_out:
+        raise BenchError(f"{label} did not finish within {deadline_s:.0f} s (log: {log_path})")
+    return {
+        "rc": process.returncode,
+        "seconds": seconds,
+        "cpu_s": cpu,
+        "seen_s": state["seen"],
+        "output": output,
+    }
+
+
+def changed_tasks(output: str) -> int:
+    """The sum of changed= over the PLAY RECAP lines."""
+    return sum(int(n) for n in re.findall(r"\bchanged=(\d+)", output.split("PLAY RECAP")[-1]))
+
+
+# ------------------------------------------------------------------ the bench cluster
+
+
+class BenchCluster:
+    def __init__(self, nodes: int, logs: Path):
+        self.definition = spec.load(name=CLUSTER, shift=SHIFT, nodes=nodes)
+        self.logs = logs
+        self.state: dict = {}
+        self.pull_vars: Path | None = None
+
+    def up(self) -> None:
+        say(f"cluster {CLUSTER}: {len(self.definition.vms)} VMs")
+        self.state = cluster.up(self.definition)
+        client = cluster.client()
+        train_image.ensure_assets(client, cluster.cache_dir())
+        found = registry.start(self.definition, client, cluster.cache_dir())
+        image = registry.push(client, found, train_image.TRAIN_IMAGE, registry.TRAIN_REPOSITORY)
+        self.pull_vars = registry.pull_vars(found, image)
+        self.image = image
+
+    def down(self) -> None:
+        cluster.down(self.definition)
+
+    @property
+    def nodes(self) -> list[dict]:
+        return self.state["nodes"]
+
+    def inventory(self, count: int, duplicate_rank: bool = False) -> Path:
+        """The cluster's inventory cut to its first `count` VMs (next to it, so that the
+        local group_vars apply)."""
+        source = Path(self.state["inventory"])
+        data = yaml.safe_load(source.read_text())
+        hosts = data["all"]["children"]["llamafactory"]["hosts"]
+        kept = dict(list(hosts.items())[:count])
+        if duplicate_rank:
+            for host in kept.values():
+                host["llamafactory_node_rank"] = 0
+        data["all"]["children"]["llamafactory"]["hosts"] = kept
+        suffix = "-rank0" if duplicate_rank else ""
+        path = source.with_name(f"{CLUSTER}-n{count}{suffix}.yml")
+        path.write_text(yaml.safe_dump(data, sort_keys=False))
+        return path
+
+    def train(self, inventory: Path, job: str, label: str, deadline_s: float, **extra) -> dict:
+        watch = extra.pop("_watch", None)
+        variables = {**JOB_VARS, "llamafactory_job": job, **extra}
+        command = [
+            "ansible-playbook",
+            "playbooks/train.yml",
+            "-i",
+            str(inventory),
+            "-e",
+            f"@{self.pull_vars}",
+            "-e",
+            json.dumps(variables),
+        ]
+        log_path = self.logs / f"{slug(label)}.log"
+        return run_logged(command, log_path, label, deadline_s, watch=watch)
+
+    def ensure_trained(self, count: int, job: str, deadline_s: float) -> None:
+        """Train `job` once on the first `count` VMs (skipped when it finished before)."""
+        inventory = self.inventory(count)
+        say(f"job {job}: training once on {count} VMs (pulls the image where missing)")
+        # A job left by an earlier bench run with other inputs (e.g. new demo assets) is replaced.
+        result = self.train(
+            inventory, job, f"first run of {job}", deadline_s, launch_restart_on_change=True
+        )
+        if result["rc"] != 0:
+            raise BenchError(
+                f"job {job} failed (rc {result['rc']}); see {self.logs}: {result['output'][-1500:]}"
+            )
+        say(f"job {job}: done in {result['seconds']:.0f} s")
+
+
+# ------------------------------------------------------------------ 1. time to a named cause
+
+
+def _hand_prepare(vm: dict, case: str, rank: int, nodes: list[dict]) -> tuple[str, str]:
+    """A copy of bench-base's staged files for a hand launch and its `docker run` line: the
+    user's command from the report, with only `case`'s mistake in it."""
+    container = vm["container"]
+    base_dir, hand_dir = f"{JOBS}/{BASE_JOB}", f"{SCRATCH}/hand-{slug(case)}"
+    info = json.loads(vm_sh(container, f"docker inspect llamafactory-{BASE_JOB}"))[0]
+    env = {}
+    for line in vm_sh(container, f"cat {base_dir}/env").splitlines():
+        key, _sep, value = line.partition("=")
+        if key:
+            env[key] = value
+    master = nodes[0]["vpc_address"]
+    env.update(MASTER_ADDR=master, MASTER_PORT="29500", NNODES=str(len(nodes)))
+    network = ["--network", "host"]
+    if case == "bridge networking":  # the report: Docker's bridge, 29500 published, no NIC set
+        network = ["-p", "29500:29500"]
+        env.pop("NCCL_SOCKET_IFNAME", None)
+        env.pop("GLOO_SOCKET_IFNAME", None)
+    elif case == "wrong NIC":
+        env.update(NCCL_SOCKET_IFNAME="ext0", GLOO_SOCKET_IFNAME="ext0")
+    elif case == "two nodes at rank 0":  # RANK=0/1 as before 0.9.1; 0.9.5 reads NODE_RANK
+        env.pop("NODE_RANK", None)
+        env["RANK"] = str(rank)
+    binds = [b.replace(base_dir, hand_dir) for b in info["HostConfig"]["Binds"] or []]
+    command = [part.replace(base_dir, hand_dir) for part in info["Config"]["Cmd"]]
+    env_text = "".join(f"{k}={v}\n" for k, v in sorted(env.items()))
+    vm_sh(
+        container,
+        f"rm -rf {hand_dir} && mkdir -p {hand_dir} && cd {base_dir} && "
+        f"tar --exclude=./output --exclude=./smoke -cf - . | tar -C {hand_dir} -xf - && "
+        f"sed -i 's#{base_dir}#{hand_dir}#g' {hand_dir}/config.yaml && "
+        f"printf %s {shlex.quote(env_text)} > {hand_dir}/env && rm -rf {hand_dir}/output",
+    )
+    run = [
+        "docker",
+        "run",
+        "-d",
+        "--name",
+        "bench-hand",
+        *network,
+        "--ipc",
+        "host",
+        "--env-file",
+        f"{hand_dir}/env",
+        "--workdir",
+        hand_dir,
+    ]
+    for bind in binds:
+        run += ["-v", bind]
+    run += [info["Config"]["Image"], *command]
+    return " ".join(shlex.quote(part) for part in run), hand_dir
+
+
+# The lines a user would read as the error, most telling first.
+TELLING = (
+    r"Connection refused|timed out|No route|unreachable|Unable to find|172\.17\.|"
+    r"DistNetworkError|DistStoreError|RuntimeError|TimeoutError",
+    r"Error|error|failed",
+)
+
+
+def error_line(lines: list[str]) -> str:
+    """The line of a rank's log that says what went wrong, as far as it says anything."""
+    for pattern in TELLING:
+        found = [line for line in lines if re.search(pattern, line)]
+        found = [line for line in found if "CalledProcessError" not in line] or found
+        if found:
+            return found[-1].strip()
+    return (lines or ["(no output)"])[-1].strip()
+
+
+def hand_launch(nodes: list[dict], case: str, cap: float, log_stem: Path) -> dict:
+    """Start the hand launch on both VMs at once; seconds until a rank exits with an error (the
+    user sees a failure) or the cap (a hang). What the user sees: that rank's telling line (both
+    ranks' logs are kept next to the results)."""
+    pair = nodes[:2]
+    prepared = [_hand_prepare(vm, case, rank, pair) for rank, vm in enumerate(pair)]
+    parallel(lambda vm: vm_sh(vm["container"], "docker rm -f bench-hand", check=False), pair)
+    started = time.monotonic()
+    starts = list(zip(pair, prepared, strict=True))
+    parallel(lambda item: vm_sh(item[0]["container"], item[1][0]), starts)
+    outcome, seconds, failed = "hang", cap, []
+    try:
+        while time.monotonic() - started < cap:
+            states = parallel(
+                lambda vm: vm_sh(
+                    vm["container"],
+                    "docker inspect -f '{{.State.Status}} {{.State.ExitCode}}' bench-hand",
+                    check=False,
+                ).split(),
+                pair,
+            )
+            failed = [i for i, s in enumerate(states) if s and s[0] == "exited" and s[1] != "0"]
+            if failed:
+                seconds, outcome = time.monotonic() - started, "failed"
+                break
+            if all(s and s[0] == "exited" for s in states):
+                seconds, outcome = time.monotonic() - started, "completed"
+                break
+            time.sleep(1)
+        logs = parallel(
+            lambda vm: vm_sh(vm["container"], "docker logs bench-hand 2>&1", check=False), pair
+        )
+    finally:
+        parallel(
+            lambda item: vm_sh(
+                item[0]["container"], f"docker rm -f bench-hand; rm -rf {item[1][1]}", check=False
+            ),
+            starts,
+        )
+    log_stem.parent.mkdir(parents=True, exist_ok=True)
+    for rank, text in enumerate(logs):
+        log_stem.with_name(f"{log_stem.name}-rank{rank}.log").write_text(text)
+    if failed:
+        shown = f"rank {failed[0]}: {error_line(logs[failed[0]].splitlines())}"
+    elif outcome == "hang":
+        last = (logs[1].strip().splitlines() or ["(no output)"])[-1]
+        shown = f"no error within {cap:.0f} s; rank 1's last line: {last}"
+    else:
+        shown = "both ranks exited 0"
+    return {
+        "seconds": round(seconds, 1),
+        "capped": outcome == "hang",
+        "outcome": outcome,
+        "named": False,
+        "shown": shown[:300],
+    }
+
+
+def preflight_launch(bench: BenchCluster, case: str, rep: int, cap: float) -> dict:
+    fault = FAULTS[case]
+    inventory = bench.inventory(2, duplicate_rank=case == "two nodes at rank 0")
+    job = "ttc-" + slug(case)
+    result = bench.train(
+        inventory,
+        job,
+        f"preflight {case} {rep}",
+        deadline_s=max(cap, 300),
+        _watch=fault["expect"],
+        **fault["vars"],
+    )
+    named = result["seen_s"] is not None and result["rc"] != 0
+    seconds = min(result["seen_s"] if named else result["seconds"], cap)
+    said = ""
+    match = re.search(rf"[^\n\"]*{re.escape(fault['expect'])}[^\n\"]*", result["output"])
+    if match:
+        said = match.group(0).strip(" -\\n")[:300]
+    return {
+        "seconds": round(seconds, 1),
+        "capped": not named and result["seconds"] >= cap,
+        "named": named,
+        "rc": result["rc"],
+        "shown": said,
+    }
+
+
+def time_to_cause(bench: BenchCluster, results: Results, reps: int, cap: float) -> None:
+    nodes = bench.nodes
+    nic = nodes[1]["nic"]
+    rule = BLOCK_RULE.format(nic=nic)
+    for rep in range(1, reps + 1):
+        for case in FAULTS:
+            for variant in ("preflight", "hand") if rep % 2 else ("hand", "preflight"):
+                if results.has("time-to-cause", case, variant, rep):
+                    continue
+                say(f"time to cause: {case}, {variant}, repetition {rep} of {reps}")
+                blocked = case == "blocked port"
+                if blocked:
+                    vm_sh(nodes[1]["container"], f"iptables -I {rule}")
+                try:
+                    if variant == "hand":
+                        stem = bench.logs / f"hand-{slug(case)}-{rep}"
+                        figures = hand_launch(nodes, case, cap, stem)
+                    else:
+                        figures = preflight_launch(bench, case, rep, cap)
+                finally:
+                    if blocked:
+                        vm_sh(nodes[1]["container"], f"iptables -D {rule}", check=False)
+                results.add("time-to-cause", case, variant, rep, **figures)
+                say(f"  {figures['seconds']} s: {figures['shown'][:160]}")
+
+
+# ------------------------------------------------------------------ 3. all_reduce
+
+
+def _prepare_allreduce(vm: dict, image: str) -> None:
+    """The sweep script on the VM and, for the bare runs, the image's files unpacked on the
+    VM itself (run with chroot: no namespaces, no cgroup of its own)."""
+    script = (Path(__file__).with_name("allreduce_sweep.py")).read_text()
+    rootfs = f"{SCRATCH}/rootfs"
+    vm_sh(
+        vm["container"],
+        f"mkdir -p {SCRATCH} && cat > {SCRATCH}/sweep.py <<'EOF'\n{script}\nEOF",
+    )
+    marker = f"{rootfs}/opt/llamafactory/bin/torchrun"
+    present = vm_sh(vm["container"], f"test -x {marker} && echo yes", check=False).strip()
+    if not present:
+        say(f"{vm['name']}: unpacking the training image for the bare runs")
+        vm_sh(
+            vm["container"],
+            f"docker rm -f bench-rootfs >/dev/null 2>&1; mkdir -p {rootfs} && "
+            f"docker create --name bench-rootfs {shlex.quote(image)} >/dev/null && "
+            f"docker export bench-rootfs | tar -x -C {rootfs} && docker rm bench-rootfs",
+            timeout=900,
+        )
+    vm_sh(
+        vm["container"],
+        f"cp /etc/hosts /etc/hostname {rootfs}/etc/ && "
+        f"for d in proc sys dev; do mountpoint -q {rootfs}/$d || "
+        f"mount --rbind /$d {rootfs}/$d; done && cp {SCRATCH}/sweep.py {rootfs}/sweep.py",
+    )
+
+
+def _cleanup_allreduce(vm: dict) -> None:
+    rootfs = f"{SCRATCH}/rootfs"
+    vm_sh(
+        vm["container"],
+        f"for d in dev sys proc; do umount -R {rootfs}/$d 2>/dev/null; done; "
+        f"docker rm -f bench-ar >/dev/null 2>&1; rm -rf {SCRATCH}",
+        check=False,
+        timeout=600,
+    )
+
+
+def _sweep(vm: dict, variant: str, image: str, sizes: list[float], deadline: int) -> str:
+    env_file = f"{JOBS}/{BASE_JOB}/env"
+    torchrun = (
+        'exec torchrun --nnodes "$NNODES" --node_rank "$NODE_RANK" --nproc_per_node 1 '
+        '--master_addr "$MASTER_ADDR" --master_port "$MASTER_PORT" /sweep.py '
+        f"--sizes {' '.join(str(s) for s in sizes)} --deadline {deadline}"
+    )
+    if variant == "container":  # the options of the role's launch.sh
+        script = (
+            f"docker rm -f bench-ar >/dev/null 2>&1; docker run --rm --name bench-ar "
+            f"--network host --ipc host --env-file {env_file} "
+            f"-v {SCRATCH}/sweep.py:/sweep.py:ro {shlex.quote(image)} sh -c {shlex.quote(torchrun)}"
+        )
+    else:
+        rootfs = f"{SCRATCH}/rootfs"
+        path = "/opt/llamafactory/bin:/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
+        inner = f"set -a; . /job.env; set +a; {torchrun}"
+        script = (
+            f"cp {env_file} {rootfs}/job.env && "
+            f"chroot {rootfs} /usr/bin/env -i PATH={path} HOME=/root PYTHONUNBUFFERED=1 "
+            f"sh -c {shlex.quote(inner)}"
+        )
+    return vm_sh(vm["container"], script + " 2>&1", timeout=deadline + 60)
+
+
+def allreduce(bench: BenchCluster, results: Results, reps: int) -> None:
+    pair = bench.nodes[:2]
+    image = bench.image
+    parallel(lambda vm: _prepare_allreduce(vm, image), pair)
+    try:
+        for rep in range(1, reps + 1):
+            for variant in ("container", "bare") if rep % 2 else ("bare", "container"):
+                if all(results.has("allreduce", f"{s} MB", variant, rep) for s in SIZES_MB):
+                    continue
+                say(f"all_reduce: {variant}, repetition {rep} of {reps} ({SIZES_MB} MB)")
+                outputs = parallel(lambda vm, v=variant: _sweep(vm, v, image, SIZES_MB, 600), pair)
+                lines = [
+                    json.loads(line)["sweep"]
+                    for line in outputs[0].splitlines()
+                    if line.startswith('{"sweep"')
+                ]
+                if len(lines) != len(SIZES_MB):
+                    raise BenchError(f"all_reduce {variant}: no result: {outputs[0][-1500:]}")
+                for line in lines:
+                    results.add(
+                        "allreduce",
+                        f"{line['size_mb']:g} MB",
+                        variant,
+                        rep,
+                        busbw_GBps=line["busbw_GBps"],
+                        seconds_per_all_reduce=line["seconds"],
+                        iterations=line["iterations"],
+                    )
+                say("  " + ", ".join(f"{x['size_mb']:g} MB {x['busbw_GBps']} GB/s" for x in lines))
+    finally:
+        parallel(_cleanup_allreduce, pair)
+
+
+# ------------------------------------------------------------------ 2. re-run overhead
+
+
+def rerun(bench: BenchCluster, results: Results, reps: int) -> None:
+    _become_subreaper()
+    counts = {"2 nodes": 2, "8 nodes": len(bench.nodes)}
+    if counts["8 nodes"] < 8:
+        raise BenchError("the re-run benchmark needs the cluster with 8 VMs")
+    bench.ensure_trained(8, N8_JOB, deadline_s=2400)
+    jobs = {"2 nodes": BASE_JOB, "8 nodes": N8_JOB}
+    for rep in range(1, reps + 1):
+        for variant in ("2 nodes", "8 nodes") if rep % 2 else ("8 nodes", "2 nodes"):
+            if results.has("rerun", "train.yml re-run", variant, rep):
+                continue
+            inventory = bench.inventory(counts[variant])
+            result = bench.train(
+                inventory, jobs[variant], f"re-run {variant} {rep}", deadline_s=900
+            )
+            if result["rc"] != 0:
+                raise BenchError(f"re-run on {variant} failed: {result['output'][-1500:]}")
+            figures = {
+                "seconds": round(result["seconds"], 1),
+                "cpu_s": round(result["cpu_s"], 2),
+                "cpu_s_per_node": round(result["cpu_s"] / counts[variant], 2),
+                "changed": changed_tasks(result["output"]),
+            }
+            results.add("rerun", "train.yml re-run", variant, rep, **figures)
+            say(f"re-run {variant} {rep}: {figures}")
+
+
+# ------------------------------------------------------------------ 4. the demo
+
+
+def demo(results: Results, reps: int, logs: Path, cold: bool) -> None:
+    dev = str(ROOT / "dev")
+    if cold and not results.has("demo", "./dev demo", "cold", 1):
+        say("demo, cold: removing the local cluster's images first (./dev cluster rmi)")
+        subprocess.run([dev, "cluster", "rmi"], check=True, cwd=ROOT, timeout=600)
+        result = run_logged([dev, "demo"], logs / "demo-cold.log", "demo (cold)", 3600)
+        if result["rc"] != 0:
+            raise BenchError(f"./dev demo failed (cold): {result['output'][-1500:]}")
+        results.add("demo", "./dev demo", "cold", 1, seconds=round(result["seconds"], 1))
+    for rep in range(1, reps + 1):
+        if results.has("demo", "./dev demo", "warm", rep):
+            continue
+        label = f"demo (warm {rep})"
+        result = run_logged([dev, "demo"], logs / f"demo-warm-{rep}.log", label, 1800)
+        if result["rc"] != 0:
+            raise BenchError(f"./dev demo failed (warm): {result['output'][-1500:]}")
+        results.add("demo", "./dev demo", "warm", rep, seconds=round(result["seconds"], 1))
+        say(f"demo warm {rep}: {result['seconds']:.0f} s")
