@@ -1,10 +1,12 @@
-"""The local training image: LLaMA-Factory + DeepSpeed on a CPU torch, and the tiny demo assets.
+"""The local training images: LLaMA-Factory + DeepSpeed on a CPU torch, and the tiny demo assets.
 
-The Python stack is downloaded once into a wheelhouse on this machine (`pip download`, so this
-machine's pip settings apply: on a machine whose index offers only CUDA builds of torch, set
+The default image (LLaMA-Factory 0.9.5) is built from scratch: its Python stack is downloaded
+once into a wheelhouse on this machine (`pip download`, so this machine's pip settings apply: on
+a machine whose index offers only CUDA builds of torch, set
 PIP_EXTRA_INDEX_URL=https://download.pytorch.org/whl/cpu), then installed offline into a venv
-inside a container started from the Debian "blank" image and committed. The image is cached
-like the VM images (a label with the hash of its inputs).
+inside a container started from the Debian "blank" image and committed. Other versions are
+layers on another version's image: a short list of exact packages that replace the base's (see
+TRAIN_IMAGES). Each image is cached like the VM images (a label with the hash of its inputs).
 """
 
 from __future__ import annotations
@@ -12,29 +14,68 @@ from __future__ import annotations
 import subprocess
 import sys
 import time
+from dataclasses import dataclass
 from pathlib import Path
 
 from . import images
 from .util import log, run, stream
 
-TRAIN_IMAGE = "hostnet-llamafactory/llamafactory:0.9.5-cpu"
 HERE = Path(__file__).resolve().parent / "train"
-REQUIREMENTS = HERE / "requirements.txt"
-INSTALL = HERE / "install.sh"
 MAKE_ASSETS = HERE / "make_assets.py"
 DEADLINE_S = 1800
 VENV_PATH = "/opt/llamafactory/bin:/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
 
 
-def wheelhouse(cache_dir: Path) -> Path:
-    """Download the pinned stack once (about 560 MB); reused while requirements.txt is unchanged."""
-    folder = cache_dir / "wheelhouse"
+@dataclass(frozen=True)
+class TrainImage:
+    """One LLaMA-Factory version's local image. Without `base`: the requirements are the whole
+    stack, installed by `install` into the Debian blank image. With `base` (another version):
+    the requirements are exact packages that replace the base image's (--no-deps)."""
+
+    version: str
+    tag: str
+    requirements: Path
+    install: Path
+    base: str | None = None
+
+
+DEFAULT_VERSION = "0.9.5"
+TRAIN_IMAGES = {
+    "0.9.5": TrainImage(
+        "0.9.5",
+        "hostnet-llamafactory/llamafactory:0.9.5-cpu",
+        HERE / "requirements.txt",
+        HERE / "install.sh",
+    ),
+    # The last release before 0.9.1: it reads RANK, not NODE_RANK.
+    "0.9.0": TrainImage(
+        "0.9.0",
+        "hostnet-llamafactory/llamafactory:0.9.0-cpu",
+        HERE / "requirements-0.9.0.txt",
+        HERE / "install-layer.sh",
+        base="0.9.5",
+    ),
+}
+TRAIN_IMAGE = TRAIN_IMAGES[DEFAULT_VERSION].tag
+REQUIREMENTS = TRAIN_IMAGES[DEFAULT_VERSION].requirements
+INSTALL = TRAIN_IMAGES[DEFAULT_VERSION].install
+
+
+def wheelhouse(cache_dir: Path, version: str = DEFAULT_VERSION) -> Path:
+    """Download a version's pinned packages once (the whole stack: about 560 MB; a layer's
+    packages alone: about 60 MB); reused while its requirements file is unchanged."""
+    spec = TRAIN_IMAGES[version]
+    folder = cache_dir / ("wheelhouse" if spec.base is None else f"wheelhouse-{version}")
     stamp = folder / ".requirements-hash"
-    wanted = images.inputs_hash(REQUIREMENTS.read_bytes())
+    wanted = images.inputs_hash(spec.requirements.read_bytes())
     if stamp.is_file() and stamp.read_text() == wanted:
         return folder
     folder.mkdir(parents=True, exist_ok=True)
-    log(f"wheelhouse: downloading the training stack into {folder} (about 560 MB)")
+    if spec.base is None:
+        what, extra = "the training stack (about 560 MB)", ["pip"]
+    else:
+        what, extra = f"LLaMA-Factory {version}'s packages", ["--no-deps"]
+    log(f"wheelhouse: downloading {what} into {folder}")
     stream(
         [
             sys.executable,
@@ -46,31 +87,63 @@ def wheelhouse(cache_dir: Path) -> Path:
             "-d",
             str(folder),
             "-r",
-            str(REQUIREMENTS),
-            "pip",
+            str(spec.requirements),
+            *extra,
         ],
         prefix="  pip: ",
         deadline_s=DEADLINE_S,
         every=20,
     )
-    (folder / "constraints.txt").write_text("torch==2.13.0\n")
+    if spec.base is None:
+        (folder / "constraints.txt").write_text("torch==2.13.0\n")
     stamp.write_text(wanted)
     return folder
 
 
-def ensure_train_image(client, cache_dir: Path) -> str:
-    base = images.ensure_vm_image(client, images.PLATFORMS["debian12"], cache_dir, kind="blank")
-    wanted = images.inputs_hash(
-        "train/2",
-        REQUIREMENTS.read_bytes(),
-        INSTALL.read_bytes(),
-        images.vm_inputs(images.PLATFORMS["debian12"], "blank"),
+def _inputs(version: str) -> str:
+    """The inputs hash of a version's image (a layer's includes its base's)."""
+    spec = TRAIN_IMAGES[version]
+    if spec.base is None:
+        return images.inputs_hash(
+            "train/2",
+            spec.requirements.read_bytes(),
+            spec.install.read_bytes(),
+            images.vm_inputs(images.PLATFORMS["debian12"], "blank"),
+        )
+    return images.inputs_hash(
+        "train-layer/1",
+        spec.requirements.read_bytes(),
+        spec.install.read_bytes(),
+        _inputs(spec.base),
     )
-    if images.image_inputs(client, TRAIN_IMAGE) == wanted:
-        log(f"image {TRAIN_IMAGE}: cached")
-        return TRAIN_IMAGE
-    wheels = wheelhouse(cache_dir)
-    log(f"image {TRAIN_IMAGE}: building (inputs {wanted}; about 3 min)")
+
+
+def ensure_train_image(client, cache_dir: Path, version: str = DEFAULT_VERSION) -> str:
+    """The local image of LLaMA-Factory `version` (a key of TRAIN_IMAGES), built when missing
+    or stale; returns its tag."""
+    spec = TRAIN_IMAGES[version]
+    if spec.base is None:
+        base = images.ensure_vm_image(client, images.PLATFORMS["debian12"], cache_dir, kind="blank")
+    else:
+        base = ensure_train_image(client, cache_dir, spec.base)
+    wanted = _inputs(version)
+    if images.image_inputs(client, spec.tag) == wanted:
+        log(f"image {spec.tag}: cached")
+        return spec.tag
+    wheels = wheelhouse(cache_dir, version)
+    if spec.base is None:
+        log(f"image {spec.tag}: building (inputs {wanted}; about 3 min)")
+        mounts = ["-v", f"{spec.install}:/install.sh:ro"]
+        changes = [f"ENV PATH={VENV_PATH}", "ENV PYTHONUNBUFFERED=1", "WORKDIR /workspace"]
+    else:
+        log(f"image {spec.tag}: building on {base} (inputs {wanted}; about 1 min)")
+        mounts = [
+            "-v",
+            f"{spec.install}:/install.sh:ro",
+            "-v",
+            f"{spec.requirements}:/requirements.txt:ro",
+        ]
+        changes = []  # the base's PATH and WORKDIR carry over
     started = time.monotonic()
     builder = f"hlf-build-train-{wanted}"
     run(["docker", "rm", "-f", builder], check=False)
@@ -83,8 +156,7 @@ def ensure_train_image(client, cache_dir: Path) -> str:
                 builder,
                 "-v",
                 f"{wheels}:/wheels:ro",
-                "-v",
-                f"{INSTALL}:/install.sh:ro",
+                *mounts,
                 base,
                 "/bin/sh",
                 "/install.sh",
@@ -92,21 +164,17 @@ def ensure_train_image(client, cache_dir: Path) -> str:
             prefix="  install: ",
             deadline_s=DEADLINE_S,
         )
-        changes = [
-            f"ENV PATH={VENV_PATH}",
-            "ENV PYTHONUNBUFFERED=1",
-            'CMD ["llamafactory-cli", "version"]',
-            "WORKDIR /workspace",
-            "LABEL " + " ".join(images._labels("train", wanted)),
-        ]
+        # docker commit takes the builder's command as CMD: set it every time.
+        changes.append('CMD ["llamafactory-cli", "version"]')
+        changes.append("LABEL " + " ".join(images._labels("train", wanted)))
         command = ["docker", "commit"]
         for change in changes:
             command += ["--change", change]
-        run([*command, builder, TRAIN_IMAGE], timeout=DEADLINE_S)
+        run([*command, builder, spec.tag], timeout=DEADLINE_S)
     finally:
         run(["docker", "rm", "-f", builder], check=False)
-    log(f"image {TRAIN_IMAGE}: built in {time.monotonic() - started:.0f} s")
-    return TRAIN_IMAGE
+    log(f"image {spec.tag}: built in {time.monotonic() - started:.0f} s")
+    return spec.tag
 
 
 def ensure_assets(client, cache_dir: Path) -> Path:

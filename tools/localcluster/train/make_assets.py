@@ -71,6 +71,24 @@ def records(count: int, rng: random.Random) -> list[dict]:
     return out
 
 
+def portable(model_dir: Path) -> None:
+    """Tokenizer files that older LLaMA-Factory stacks load too (0.9.0: transformers 4.44,
+    tokenizers 0.19): the class by its 4.x name (5.x reads it as the same class), and the BPE
+    merges as "a b" strings, the form tokenizers before 0.20 read and later versions still do."""
+    config_path = model_dir / "tokenizer_config.json"
+    config = json.loads(config_path.read_text())
+    config["tokenizer_class"] = "PreTrainedTokenizerFast"
+    config_path.write_text(json.dumps(config, indent=2) + "\n")
+    tokenizer_path = model_dir / "tokenizer.json"
+    tokenizer = json.loads(tokenizer_path.read_text())
+    merges = tokenizer["model"]["merges"]
+    if merges and not isinstance(merges[0], str):
+        if any(" " in part for pair in merges for part in pair):
+            raise ValueError("a BPE merge holds a space: it has no string form")
+        tokenizer["model"]["merges"] = [" ".join(pair) for pair in merges]
+    tokenizer_path.write_text(json.dumps(tokenizer, indent=2, ensure_ascii=False))
+
+
 def main(out: Path) -> None:
     rng = random.Random(1234)  # noqa: S311 - reproducible sample data
     torch.manual_seed(1234)
@@ -96,6 +114,7 @@ def main(out: Path) -> None:
     fast = PreTrainedTokenizerFast(tokenizer_object=tokenizer, **SPECIAL)
     model_dir = out / "model"
     fast.save_pretrained(model_dir)
+    portable(model_dir)
     config = LlamaConfig(
         vocab_size=len(fast),
         hidden_size=64,

@@ -1,0 +1,116 @@
+"""The support matrix's LLaMA-Factory row: train.yml with LLaMA-Factory 0.9.0, the last release
+that reads RANK for the node rank (0.9.1 and newer read NODE_RANK; the launch sets both).
+
+The 0.9.0 image is a layer on the session's 0.9.5 image (tools/localcluster/train_image.py),
+pushed to the cluster's registry and pulled through the role like the default image. The job is
+the demo's LoRA SFT without DeepSpeed: with 0.9.0's newest usable transformers (4.44.2) on the
+CPU image's torch 2.13, ZeRO-3 fails at the first scheduler step (DeepSpeed drops LoRA's empty
+no-decay parameter group, and torch 2.13 zips the groups strictly), so the ranks use plain DDP
+over Gloo.
+"""
+
+import json
+
+import pytest
+from conftest import PULL_VARS, run_playbook
+from localcluster import cluster, registry, train_image
+
+JOBS = "/var/lib/llamafactory/jobs"
+VERSION = "0.9.0"
+JOB = "lf090"
+STEPS = 4
+
+
+def _play(inventory, tmp_path, playbook, **extravars):
+    runner, _facts, _results = run_playbook(
+        inventory,
+        tmp_path,
+        playbook,
+        extravars={
+            **PULL_VARS,
+            "llamafactory_job": JOB,
+            "launch_results_dir": str(tmp_path.parent / "results"),
+            **extravars,
+        },
+    )
+    failures = {
+        e["event_data"]["host"]: e["event_data"]["res"].get("msg", "")
+        for e in runner.events
+        if e.get("event") == "runner_on_failed" and not e["event_data"].get("ignore_errors")
+    }
+    return runner.rc, failures, list(runner.events)
+
+
+def _messages(events, task):
+    return [
+        str(e["event_data"]["res"].get("msg"))
+        for e in events
+        if e.get("event") == "runner_on_ok" and task in str(e["event_data"].get("task"))
+    ]
+
+
+def _container(vm):
+    result = vm.sh(f"docker inspect llamafactory-{JOB}", check=False)
+    return json.loads(result.stdout)[0] if result.returncode == 0 else None
+
+
+def _trainer_log(vm):
+    text = vm.sh(f"cat {JOBS}/{JOB}/output/trainer_log.jsonl", check=False).stdout
+    return [json.loads(line) for line in text.splitlines() if line.strip()]
+
+
+@pytest.fixture(scope="module")
+def lf090(test_cluster, train_cluster, tmp_path_factory):
+    """Two nodes train with the 0.9.0 image; cleaned up afterwards."""
+    inventory, vms = train_cluster
+    client = cluster.client()
+    local = train_image.ensure_train_image(client, cluster.cache_dir(), VERSION)
+    found = registry.start(test_cluster[0], client, cluster.cache_dir())  # the session's
+    image = registry.push(client, found, local, f"hostnet/llamafactory:{VERSION}-cpu")
+    tmp = tmp_path_factory.mktemp(JOB)
+    rc, failures, events = _play(
+        inventory,
+        tmp / "train",
+        "playbooks/train.yml",
+        llamafactory_image=image,
+        llamafactory_train_overrides={"deepspeed": None, "max_steps": STEPS, "save_steps": STEPS},
+    )
+    yield {
+        "rc": rc,
+        "failures": failures,
+        "events": events,
+        "image": image,
+        "vms": vms,
+        "tmp": tmp,
+    }
+    rc, failures, _events = _play(
+        inventory, tmp / "cleanup", "playbooks/cleanup.yml", launch_cleanup_outputs=True
+    )
+    assert rc == 0, failures
+
+
+def test_lf090_trains_two_nodes_and_the_preflight_says_it_reads_rank(lf090):
+    assert lf090["rc"] == 0, lf090["failures"]
+    reports = _messages(lf090["events"], "Report the preflight")
+    assert reports, "no preflight report"
+    assert f"LLaMA-Factory {VERSION} (reads RANK)" in reports[0], reports[0]
+    vm0, vm1 = lf090["vms"]
+    for vm, rank in ((vm0, 0), (vm1, 1)):
+        info = _container(vm)
+        assert info["Config"]["Image"] == lf090["image"]
+        assert info["State"]["Status"] == "exited" and info["State"]["ExitCode"] == 0
+        assert info["Config"]["Labels"]["hostnet.llamafactory.rank"] == str(rank)
+        lines = vm.sh(f"cat {JOBS}/{JOB}/env").stdout.splitlines()
+        env = dict(line.split("=", 1) for line in lines)
+        assert env["RANK"] == env["NODE_RANK"] == str(rank)
+        # Every node saved the finished adapter (save_on_each_node).
+        vm.sh(f"test -s {JOBS}/{JOB}/output/checkpoint-{STEPS}/adapter_model.safetensors")
+    # rank 0 logged every step; 2 samples per step per rank over 64 samples: a step is 1/16 of an
+    # epoch only when both ranks joined one process group (1/32 with one rank).
+    log = [r for r in _trainer_log(vm0) if "loss" in r]
+    assert [r["current_steps"] for r in log] == list(range(1, STEPS + 1))
+    assert log[-1]["epoch"] == pytest.approx(STEPS / 16)
+    text = vm0.sh(f"docker logs llamafactory-{JOB} 2>&1", timeout=60).stdout
+    assert "Total train batch size (w. parallel, distributed & accumulation) = 4" in text
+    summary = _messages(lf090["events"], "Summarize")
+    assert summary and f"job {JOB} finished: {STEPS} steps" in summary[0], summary
