@@ -424,8 +424,8 @@ def preflight_launch(bench: BenchCluster, case: str, rep: int, cap: float) -> di
     named = result["seen_s"] is not None and result["rc"] != 0
     seconds = min(result["seen_s"] if named else result["seconds"], cap)
     said = ""
-    match = re.search(rf"[^\n\"]*{re.escape(fault['expect'])}[^\n\"]*", result["output"])
-    if match:
+    match = re.search(rf"{re.escape(fault['expect'])}[^\n\"]*", result["output"])
+    if match:  # from the finding's id to the end of its line
         said = match.group(0).strip(" -\\n")[:300]
     return {
         "seconds": round(seconds, 1),
