@@ -43,7 +43,6 @@ import json
 import re
 
 from ansible.errors import AnsibleFilterError
-from ansible.module_utils.six import string_types
 
 SIZE = re.compile(r"^[0-9]+[kmg]?$")
 CGROUP_DRIVERS = ("cgroupfs", "systemd")
@@ -63,7 +62,7 @@ def _cidr(value, with_host):
 
 def _check_key(key, value):
     """An error message for a bad value of a key this collection sets, else None."""
-    if key == "bip" and not (isinstance(value, string_types) and _cidr(value, True)):
+    if key == "bip" and not (isinstance(value, str) and _cidr(value, True)):
         return "must be the bridge's IPv4 address with a prefix, e.g. 172.31.0.1/16"
     if key == "default-address-pools":
         if not isinstance(value, list) or not value:
@@ -80,7 +79,7 @@ def _check_key(key, value):
                     "(an integer prefix length 8..30), got %r" % (pool,)
                 )
     if key == "exec-opts":
-        if not (isinstance(value, list) and all(isinstance(v, string_types) for v in value)):
+        if not (isinstance(value, list) and all(isinstance(v, str) for v in value)):
             return "must be a list of strings"
         for opt in value:
             if (
@@ -88,18 +87,16 @@ def _check_key(key, value):
                 and opt.split("=", 1)[1] not in CGROUP_DRIVERS
             ):
                 return "native.cgroupdriver must be one of %s" % ", ".join(CGROUP_DRIVERS)
-    if key == "log-driver" and not isinstance(value, string_types):
+    if key == "log-driver" and not isinstance(value, str):
         return "must be a string"
     if key == "log-opts":
-        if not isinstance(value, dict) or not all(
-            isinstance(v, string_types) for v in value.values()
-        ):
+        if not isinstance(value, dict) or not all(isinstance(v, str) for v in value.values()):
             return "must be a mapping of strings (Docker rejects numbers here)"
         if "max-size" in value and not SIZE.match(value["max-size"]):
             return "max-size must look like 100m"
         if "max-file" in value and not value["max-file"].isdigit():
             return 'max-file must be a number given as a string, e.g. "3"'
-    if key == "data-root" and not (isinstance(value, string_types) and value.startswith("/")):
+    if key == "data-root" and not (isinstance(value, str) and value.startswith("/")):
         return "must be an absolute path"
     if key == "runtimes":
         if not isinstance(value, dict):
@@ -107,11 +104,11 @@ def _check_key(key, value):
         for name, runtime in value.items():
             if not (
                 isinstance(runtime, dict)
-                and isinstance(runtime.get("path"), string_types)
+                and isinstance(runtime.get("path"), str)
                 and isinstance(runtime.get("args", []), list)
             ):
                 return "runtime %r needs path (a string) and args (a list)" % name
-    if key == "default-runtime" and not isinstance(value, string_types):
+    if key == "default-runtime" and not isinstance(value, str):
         return "must be a runtime name"
     return None
 
