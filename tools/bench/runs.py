@@ -400,8 +400,8 @@ def hand_launch(nodes: list[dict], case: str, cap: float, log_stem: Path) -> dic
         shown = f"no error within {cap:.0f} s; rank 1's last line: {last}"
     else:
         shown = "both ranks exited 0"
-    return {
-        "seconds": round(seconds, 1),
+    return {  # a run that trained shows no failure: no time to one, and no ratio
+        "seconds": None if outcome == "completed" else round(seconds, 1),
         "capped": outcome == "hang",
         "outcome": outcome,
         "named": False,
@@ -438,17 +438,16 @@ def preflight_launch(bench: BenchCluster, case: str, rep: int, cap: float) -> di
 
 def time_to_cause(bench: BenchCluster, results: Results, reps: int, cap: float) -> None:
     nodes = bench.nodes
-    nic = nodes[1]["nic"]
-    rule = BLOCK_RULE.format(nic=nic)
     for rep in range(1, reps + 1):
         for case in FAULTS:
             for variant in ("preflight", "hand") if rep % 2 else ("hand", "preflight"):
                 if results.has("time-to-cause", case, variant, rep):
                     continue
                 say(f"time to cause: {case}, {variant}, repetition {rep} of {reps}")
-                blocked = case == "blocked port"
-                if blocked:
-                    vm_sh(nodes[1]["container"], f"iptables -I {rule}")
+                # A firewall between the nodes that lets MASTER_PORT through but no high port.
+                blocked = nodes[:2] if case == "blocked port" else []
+                for vm in blocked:
+                    vm_sh(vm["container"], f"iptables -I {BLOCK_RULE.format(nic=vm['nic'])}")
                 try:
                     if variant == "hand":
                         stem = bench.logs / f"hand-{slug(case)}-{rep}"
@@ -456,10 +455,14 @@ def time_to_cause(bench: BenchCluster, results: Results, reps: int, cap: float) 
                     else:
                         figures = preflight_launch(bench, case, rep, cap)
                 finally:
-                    if blocked:
-                        vm_sh(nodes[1]["container"], f"iptables -D {rule}", check=False)
+                    for vm in blocked:
+                        rule = BLOCK_RULE.format(nic=vm["nic"])
+                        vm_sh(vm["container"], f"iptables -D {rule}", check=False)
                 results.add("time-to-cause", case, variant, rep, **figures)
-                say(f"  {figures['seconds']} s: {figures['shown'][:160]}")
+                say(
+                    f"  {figures['seconds']} s ({figures.get('outcome', 'named')}): "
+                    f"{figures['shown'][:160]}"
+                )
 
 
 # ------------------------------------------------------------------ 3. all_reduce
