@@ -107,6 +107,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--resume", action="store_true", help="keep results.json's runs")
     parser.add_argument("--no-cold", action="store_true", help="demo: skip the cold run")
     parser.add_argument("--keep", action="store_true", help="leave the bench cluster up")
+    parser.add_argument(
+        "--nodes", type=int, help="VMs of the bench cluster (default: 8 with rerun, else 2)"
+    )
     args = parser.parse_args(argv)
     if args.reps < 1 or args.allreduce_reps < 1:
         parser.error("--reps and --allreduce-reps must be 1 or more")
@@ -130,7 +133,10 @@ def main(argv: list[str] | None = None) -> int:
     try:
         cluster_benches = [b for b in selected if b != "demo"]
         if cluster_benches:
-            bench = runs.BenchCluster(8 if "rerun" in selected else 2, logs)
+            nodes = args.nodes or (8 if "rerun" in selected else 2)
+            if nodes < (8 if "rerun" in selected else 2):
+                parser.error(f"--nodes {nodes}: the benchmarks chosen need more VMs")
+            bench = runs.BenchCluster(nodes, logs)
             bench.up()
             try:
                 bench.ensure_trained(2, runs.BASE_JOB, deadline_s=1800)
