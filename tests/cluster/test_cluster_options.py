@@ -14,9 +14,20 @@ def test_second_nic_and_decoy_default_route_then_teardown_leaves_nothing(tmp_pat
         shift=2,
         vms=[{"name": "vm0", "nic": "enp0s12", "second_nic": "ens5", "decoy": "ens6"}],
     )
+    # The disk of a VM whose `down` was interrupted: a new VM must not inherit it.
+    client = docker.from_env()
+    stale = definition.volume(definition.vms[0])
+    client.volumes.create(stale)
+    client.containers.run(
+        images.ensure_probe_image(client, cluster.cache_dir()),
+        ["touch", "/disk/stale-marker"],
+        volumes={stale: {"bind": "/disk", "mode": "rw"}},
+        remove=True,
+    )
     state = cluster.up(definition)
     try:
         vm = VM(state["nodes"][0])
+        vm.sh("test -d /var/lib/docker/image && test ! -e /var/lib/docker/stale-marker")
         links = vm.addresses()
         nets = definition.networks
         assert links["enp0s12"]["ipv4"] == [(nets["vpc"].address(0), 24)]
@@ -33,7 +44,6 @@ def test_second_nic_and_decoy_default_route_then_teardown_leaves_nothing(tmp_pat
         assert facts["ansible_default_ipv4"]["interface"] == "ens6"
     finally:
         cluster.down(definition)
-    client = docker.from_env()
     assert cluster.leftovers(client, "opts") == []
     assert not definition.inventory.exists()
     assert not cluster.state_dir(definition).exists()

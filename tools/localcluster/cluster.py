@@ -8,6 +8,7 @@ which the VM accepts only SSH and ICMP, as GCP's default firewall does for publi
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import json
 import os
@@ -182,6 +183,11 @@ def _create_networks(docker_client, spec: ClusterSpec) -> None:
 
 def _create_vm(docker_client, spec: ClusterSpec, vm: VM, wanted: str):
     name = spec.container(vm)
+    # A new VM gets a new disk: a volume left by an interrupted `down` would bring back its
+    # containers and images (a finished job the new VM has no files of).
+    with contextlib.suppress(docker.errors.NotFound):
+        docker_client.volumes.get(spec.volume(vm)).remove(force=True)
+        log(f"cluster {spec.name}: removed the stale disk {spec.volume(vm)}")
     docker_client.volumes.create(spec.volume(vm), labels=_labels(spec))
     api = docker_client.api
     endpoints = {}
