@@ -23,6 +23,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+from localcluster.util import ClusterError
+
 from . import runs
 from .results import Results
 
@@ -154,7 +156,7 @@ def main(argv: list[str] | None = None) -> int:
     except KeyboardInterrupt:
         print(f"bench: interrupted; what was measured is in {results.path}", file=sys.stderr)
         return 130
-    except runs.BenchError as exc:
+    except (runs.BenchError, ClusterError) as exc:
         print(f"bench: error: {exc}\nwhat was measured is in {results.path}", file=sys.stderr)
         return 1
     results.meta["finished"] = datetime.datetime.now(datetime.UTC).strftime("%Y-%m-%d %H:%M UTC")
