@@ -160,9 +160,11 @@ def run_logged(
         def read():
             for line in process.stdout:
                 log.write(line)
+                log.flush()  # the log can be followed while the run goes on
                 state["lines"].append(line)
-                if line.startswith(("TASK [", "PLAY [")) or line.startswith("==>"):
-                    state["task"] = line.strip(" *\n")
+                plain = re.sub(r"\x1b\[[0-9;]*m", "", line).strip(" *\n")
+                if plain.startswith(("TASK [", "PLAY [", "==>", "[localcluster")):
+                    state["task"] = plain
                 if watch and state["seen"] is None and watch in line:
                     state["seen"] = time.monotonic() - started
 
