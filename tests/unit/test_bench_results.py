@@ -101,3 +101,14 @@ def test_names_and_the_telling_line_of_a_hand_launch():
     assert "DistNetworkError" in runs.error_line(log)
     assert runs.error_line(["loading", "step 3"]) == "step 3"
     assert runs.error_line([]) == "(no output)"
+
+
+def test_the_demo_ratio_is_cold_over_warm_and_invocations_add_up(tmp_path):
+    first = Results(tmp_path, meta={"command": "./dev bench --only demo"})
+    first.add("demo", "./dev demo", "cold", 1, seconds=450.0)
+    first.add("demo", "./dev demo", "warm", 1, seconds=150.0)
+    resumed = Results(tmp_path, meta={"command": "./dev bench --resume"}, resume=True)
+    resumed.save()
+    table = (tmp_path / "results.md").read_text()
+    assert "| 450 | 150 | 3.00x |" in table
+    assert "`./dev bench --only demo`, then `./dev bench --resume`" in table

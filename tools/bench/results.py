@@ -20,7 +20,7 @@ COMPARISONS = {
     "time-to-cause": ("preflight", "hand", "seconds", "hand / preflight"),
     "rerun": ("2 nodes", "8 nodes", "seconds", "8 nodes / 2 nodes"),
     "allreduce": ("bare", "container", "busbw_GBps", "container / bare"),
-    "demo": ("cold", "warm", "seconds", "cold / warm"),
+    "demo": ("warm", "cold", "seconds", "cold / warm"),
 }
 TITLES = {
     "time-to-cause": "1. Time to a named cause (s, lower is better; a hang counts as the cap)",
@@ -40,6 +40,10 @@ class Results:
         if resume and self.path.is_file():
             data = json.loads(self.path.read_text())
         self.meta = {**data.get("meta", {}), **(meta or {})}
+        # Every invocation that measured into this file (a --resume adds one).
+        earlier = data.get("meta", {}).get("invocations", [])
+        if meta and meta.get("command"):
+            self.meta["invocations"] = [*earlier, meta["command"]]
         self.measurements: list[dict] = data.get("measurements", [])
 
     def has(self, bench: str, case: str, variant: str, rep: int) -> bool:
@@ -159,8 +163,11 @@ def markdown(meta: dict, summary: dict) -> str:
     lines = ["# Benchmarks", ""]
     if meta:
         lines += [
-            f"Measured {meta.get('finished') or meta.get('started', '?')} with "
-            f"`{meta.get('command', './dev bench')}` on {meta.get('machine', 'this machine')}.",
+            f"Measured until {meta.get('finished') or meta.get('started', '?')} with "
+            + ", then ".join(
+                f"`{command}`" for command in meta.get("invocations") or [meta.get("command")]
+            )
+            + f" on {meta.get('machine', 'this machine')}.",
             "Figures: median (min-max) over the repetitions; ratios are taken pair by pair "
             "(run i of one variant with run i of the other, the two interleaved).",
             "",
@@ -212,10 +219,10 @@ def markdown(meta: dict, summary: dict) -> str:
                     f"{_fmt(row['ratio'], 3)} |"
                 )
         elif bench == "demo":
-            lines += [f"| {first} | {second} | {reads} |", "|---|---|---|"]
+            lines += [f"| {second} | {first} | {reads} |", "|---|---|---|"]
             for _case, row in cases.items():
                 lines.append(
-                    f"| {_fmt(row[first], 0)} | {_fmt(row[second], 0)} | {_fmt(row['ratio'], 2)}x |"
+                    f"| {_fmt(row[second], 0)} | {_fmt(row[first], 0)} | {_fmt(row['ratio'], 2)}x |"
                 )
         notes = meta.get("notes", {}).get(bench)
         if notes:
