@@ -227,6 +227,8 @@ class BenchCluster:
 
     def down(self) -> None:
         cluster.down(self.definition)
+        for derived in self.definition.inventory.parent.glob(f"{CLUSTER}-n*.yml"):
+            derived.unlink()  # the inventories cut from the cluster's (see inventory())
 
     @property
     def nodes(self) -> list[dict]:
