@@ -183,3 +183,43 @@ def train_cluster(test_cluster):
         launch_registry_password=found.password,
     )
     return state["inventory"], [VM(node) for node in state["nodes"]]
+
+
+# ------------------------------------------------------------------ playing a job
+
+TRAIN = "playbooks/train.yml"
+JOBS = "/var/lib/llamafactory/jobs"
+
+
+def play(inventory, tmp_path, job, playbook=TRAIN, check=False, **extravars):
+    """Run a playbook for `job`; (rc, stats, failures: host -> msg, events)."""
+    runner, _facts, _results = run_playbook(
+        inventory,
+        tmp_path,
+        playbook,
+        # One results folder for the runs of a test: a re-run finds the same files there.
+        extravars={
+            **PULL_VARS,
+            "llamafactory_job": job,
+            "launch_results_dir": str(tmp_path.parent / "results"),
+            **extravars,
+        },
+        check=check,
+    )
+    return summarize(runner)
+
+
+def summarize(runner):
+    failures = {}
+    for event in runner.events:
+        if event.get("event") == "runner_on_failed" and not event["event_data"].get(
+            "ignore_errors"
+        ):
+            data = event["event_data"]
+            failures[data["host"]] = {"task": data.get("task"), "msg": data["res"].get("msg", "")}
+    return runner.rc, runner.stats or {}, failures, list(runner.events)
+
+
+def container(vm, job):
+    result = vm.sh(f"docker inspect llamafactory-{job}", check=False)
+    return json.loads(result.stdout)[0] if result.returncode == 0 else None

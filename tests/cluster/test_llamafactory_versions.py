@@ -12,33 +12,12 @@ over Gloo.
 import json
 
 import pytest
-from conftest import PULL_VARS, run_playbook
+from conftest import JOBS, container, play
 from localcluster import cluster, registry, train_image
 
-JOBS = "/var/lib/llamafactory/jobs"
 VERSION = "0.9.0"
 JOB = "lf090"
 STEPS = 4
-
-
-def _play(inventory, tmp_path, playbook, **extravars):
-    runner, _facts, _results = run_playbook(
-        inventory,
-        tmp_path,
-        playbook,
-        extravars={
-            **PULL_VARS,
-            "llamafactory_job": JOB,
-            "launch_results_dir": str(tmp_path.parent / "results"),
-            **extravars,
-        },
-    )
-    failures = {
-        e["event_data"]["host"]: e["event_data"]["res"].get("msg", "")
-        for e in runner.events
-        if e.get("event") == "runner_on_failed" and not e["event_data"].get("ignore_errors")
-    }
-    return runner.rc, failures, list(runner.events)
 
 
 def _messages(events, task):
@@ -47,11 +26,6 @@ def _messages(events, task):
         for e in events
         if e.get("event") == "runner_on_ok" and task in str(e["event_data"].get("task"))
     ]
-
-
-def _container(vm):
-    result = vm.sh(f"docker inspect llamafactory-{JOB}", check=False)
-    return json.loads(result.stdout)[0] if result.returncode == 0 else None
 
 
 def _trainer_log(vm):
@@ -68,10 +42,10 @@ def lf090(test_cluster, train_cluster, tmp_path_factory):
     found = registry.start(test_cluster[0], client, cluster.cache_dir())  # the session's
     image = registry.push(client, found, local, f"hostnet/llamafactory:{VERSION}-cpu")
     tmp = tmp_path_factory.mktemp(JOB)
-    rc, failures, events = _play(
+    rc, _stats, failures, events = play(
         inventory,
         tmp / "train",
-        "playbooks/train.yml",
+        JOB,
         llamafactory_image=image,
         llamafactory_train_overrides={"deepspeed": None, "max_steps": STEPS, "save_steps": STEPS},
     )
@@ -83,8 +57,8 @@ def lf090(test_cluster, train_cluster, tmp_path_factory):
         "vms": vms,
         "tmp": tmp,
     }
-    rc, failures, _events = _play(
-        inventory, tmp / "cleanup", "playbooks/cleanup.yml", launch_cleanup_outputs=True
+    rc, _stats, failures, _events = play(
+        inventory, tmp / "cleanup", JOB, "playbooks/cleanup.yml", launch_cleanup_outputs=True
     )
     assert rc == 0, failures
 
@@ -96,7 +70,7 @@ def test_lf090_trains_two_nodes_and_the_preflight_says_it_reads_rank(lf090):
     assert f"LLaMA-Factory {VERSION} (reads RANK)" in reports[0], reports[0]
     vm0, vm1 = lf090["vms"]
     for vm, rank in ((vm0, 0), (vm1, 1)):
-        info = _container(vm)
+        info = container(vm, JOB)
         assert info["Config"]["Image"] == lf090["image"]
         assert info["State"]["Status"] == "exited" and info["State"]["ExitCode"] == 0
         assert info["Config"]["Labels"]["hostnet.llamafactory.rank"] == str(rank)

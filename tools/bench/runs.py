@@ -267,7 +267,8 @@ class BenchCluster:
         return run_logged(command, log_path, label, deadline_s, watch=watch)
 
     def ensure_trained(self, count: int, job: str, deadline_s: float) -> None:
-        """Train `job` once on the first `count` VMs (skipped when it finished before)."""
+        """Train `job` on the first `count` VMs (a re-run that keeps it when it finished before
+        with the same inputs)."""
         inventory = self.inventory(count)
         say(f"job {job}: training once on {count} VMs (pulls the image where missing)")
         # A job left by an earlier bench run with other inputs (e.g. new demo assets) is replaced.
