@@ -179,8 +179,8 @@ def train_cluster(test_cluster):
     image = registry.push(client, found, train_image.TRAIN_IMAGE, registry.TRAIN_REPOSITORY)
     PULL_VARS.update(
         llamafactory_image=image,
-        launch_registry_username=found.username,
-        launch_registry_password=found.password,
+        llamafactory_registry_username=found.username,
+        llamafactory_registry_password=found.password,
     )
     return state["inventory"], [VM(node) for node in state["nodes"]]
 

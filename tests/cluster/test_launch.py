@@ -64,7 +64,7 @@ def test_two_nodes_train_the_failing_reports_stack(e2e):
         assert "world size: 2" in text  # both ranks joined one process group
     shown = "\n".join(event.get("stdout", "") for event in e2e["events"])
     assert f"[vm1] pulled {PULL_VARS['llamafactory_image']}" in shown
-    assert PULL_VARS["launch_registry_password"] not in json.dumps(e2e["events"])
+    assert PULL_VARS["llamafactory_registry_password"] not in json.dumps(e2e["events"])
     # rank 0 logged the loss of every step and saved the LoRA adapter; every node holds one.
     steps = trainer_steps(vm0, "e2e")
     assert steps[-1] == 12 and len(steps) >= 12
@@ -309,8 +309,8 @@ def test_the_original_bridge_failure_is_stopped_and_named(train_cluster, tmp_pat
         tmp_path,
         job,
         llamafactory_network_mode="bridge",
-        launch_allow_bridge=True,
-        launch_preflight=False,
+        llamafactory_allow_bridge=True,
+        preflight_enabled=False,
     )
     assert rc != 0
     assert time.monotonic() - started < 600

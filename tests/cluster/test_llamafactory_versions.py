@@ -58,7 +58,7 @@ def lf090(test_cluster, train_cluster, tmp_path_factory):
         "tmp": tmp,
     }
     rc, _stats, failures, _events = play(
-        inventory, tmp / "cleanup", JOB, "playbooks/cleanup.yml", launch_cleanup_outputs=True
+        inventory, tmp / "cleanup", JOB, "playbooks/cleanup.yml", job_admin_cleanup_outputs=True
     )
     assert rc == 0, failures
 

@@ -65,7 +65,7 @@ def test_bridge_networking(train_cluster, tmp_path):
         tmp_path,
         "pf-bridge",
         llamafactory_network_mode="bridge",
-        launch_allow_bridge=True,
+        llamafactory_allow_bridge=True,
     )
     assert rc != 0
     message = failures["vm0"]
@@ -145,7 +145,7 @@ def test_master_port_already_taken(train_cluster, tmp_path):
     assert rc != 0
     message = failures["vm0"]
     assert (
-        "port-in-use: port 29777 (MASTER_PORT) or 49777 (launch_preflight_port) is already "
+        "port-in-use: port 29777 (MASTER_PORT) or 49777 (preflight_port) is already "
         "taken on vm0" in message
     )
     assert "llamafactory_master_port" in message
@@ -227,7 +227,7 @@ def test_doctor_reads_a_hand_launched_job(train_cluster, tmp_path):
     master = vm0.node["vpc_address"]
     probe = "/var/lib/llamafactory/hand/smoke.py"
     script = (
-        Path(__file__).resolve().parents[2] / "roles/launch/files/smoke_allreduce.py"
+        Path(__file__).resolve().parents[2] / "roles/preflight/files/smoke_allreduce.py"
     ).read_text()
     for rank, vm in enumerate((vm0, vm1)):
         vm.sh(f"mkdir -p /var/lib/llamafactory/hand && cat > {probe} <<'EOF'\n{script}\nEOF")
@@ -241,7 +241,7 @@ def test_doctor_reads_a_hand_launched_job(train_cluster, tmp_path):
     try:
         for vm in (vm0, vm1):
             vm.sh("timeout 120 docker wait hand-rank", timeout=150)
-        rc, report = doctor(inventory, tmp_path, launch_doctor_container="hand-rank")
+        rc, report = doctor(inventory, tmp_path, preflight_doctor_container="hand-rank")
     finally:
         for vm in (vm0, vm1):
             vm.sh("docker rm -f hand-rank; rm -rf /var/lib/llamafactory/hand", check=False)

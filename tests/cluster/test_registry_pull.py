@@ -78,7 +78,7 @@ def test_a_private_image_is_pulled_once_with_credentials_that_stay_off_the_node(
         assert result["changed"] and result["state"] == "pulled", (host, result)
         assert result["credentials"] == "arguments"
         assert result["progress"]["layers_done"] == result["progress"]["layers"] >= 1
-        assert f"[{host}] pulling {image} (launch_pull_timeout 600 s" in shown
+        assert f"[{host}] pulling {image} (llamafactory_pull_timeout 600 s" in shown
         assert f"[{host}] pulled {image}:" in shown
     for vm in vms:
         assert on_vm(vm, f"docker image inspect {image}").returncode == 0
@@ -112,12 +112,12 @@ def test_refused_credentials_are_named(private, tmp_path, secret, expected):
         assert not result["ok"]
         assert expected in result["msg"]
         assert f"the registry {found.address} refused the credentials" in result["msg"]
-        assert "launch_registry_username and launch_registry_password" in result["msg"]
+        assert "llamafactory_registry_username and llamafactory_registry_password" in result["msg"]
 
 
 def test_a_registry_that_never_answers_hits_the_deadline(private, tmp_path):
     """A registry address that accepts connections and says nothing (a half-open firewall, an
-    overloaded proxy): the pull is cancelled at the deadline, naming launch_pull_timeout."""
+    overloaded proxy): the pull is cancelled at the deadline, naming llamafactory_pull_timeout."""
     _found, _image, _inventory, nodes = private
     vms = [node["container"] for node in nodes]
     listener = (
@@ -146,7 +146,7 @@ def test_a_registry_that_never_answers_hits_the_deadline(private, tmp_path):
     for host, result in outcome.items():
         assert not result["ok"] and result.get("state") == "timed_out", (host, result)
         assert (
-            f"the pull of {image} did not finish within launch_pull_timeout (4 s)" in result["msg"]
+            f"the pull of {image} did not finish within llamafactory_pull_timeout (4 s)" in result["msg"]
         )
         assert "contacting the registry" in result["msg"]
     for vm in vms:

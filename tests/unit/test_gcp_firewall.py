@@ -116,7 +116,7 @@ def test_absent_plans_both_names():
         ({"nodes": {"trainer-0": "34.1.2.3"}}, "34.1.2.3, not a private address"),
         ({"nodes": {"trainer-0": "fe80::1"}}, "not an IPv4 address"),
         ({"nodes": {}}, "no training nodes"),
-        ({"project": ""}, "gcp_firewall_project is not set"),
+        ({"project": ""}, "llamafactory_gcp_project is not set"),
         ({"project": "My Project"}, "not a GCP project ID"),
         ({"cluster": "Bad_Name"}, "gcp_firewall_cluster_name is 'Bad_Name'"),
         ({"cluster": "x" * 58}, "at most 57 characters"),
@@ -299,7 +299,7 @@ def test_permission_from_googles_message():
     )
     message = fw.explain(result, CONTEXT)
     assert message.startswith(
-        "Permission denied: the credentials (gcp_firewall_auth_kind=application) lack "
+        "Permission denied: the credentials (llamafactory_gcp_auth_kind=application) lack "
         "compute.firewalls.create in project hlf-test"
     )
     assert "roles/compute.securityAdmin" in message
@@ -418,7 +418,7 @@ def test_controller_problems():
         "need to refresh the access token. You must specify refresh_token, token_uri, client_id, "
         "and client_secret.",
     }
-    assert "cannot be refreshed: renew gcp_firewall_access_token" in fw.explain(expired, CONTEXT)
+    assert "cannot be refreshed: renew llamafactory_gcp_access_token" in fw.explain(expired, CONTEXT)
     odd = {"failed": True, "msg": "something else"}
     assert (
         fw.explain(odd, CONTEXT)

@@ -184,8 +184,8 @@ def test_progress_of_an_up_to_date_pull():
 @pytest.mark.parametrize(
     ("fixture", "cause", "fix"),
     [
-        ("wrong-password.jsonl", "refused the credentials", "launch_registry_password"),
-        ("no-credentials.jsonl", "refused the credentials", "launch_registry_username"),
+        ("wrong-password.jsonl", "refused the credentials", "llamafactory_registry_password"),
+        ("no-credentials.jsonl", "refused the credentials", "llamafactory_registry_username"),
         ("unknown-tag.jsonl", "does not exist in 198.18.96.5:5000", "llamafactory_image"),
         ("unknown-repository.jsonl", "does not exist", "llamafactory_image"),
         ("untrusted-certificate.jsonl", "does not trust", "certs.d/198.18.96.5:5000/ca.crt"),

@@ -115,9 +115,9 @@ CATALOGUE = [
     ("wait-timeout", {"launch_wait_timeout": 0}, None, ["launch_wait_timeout"]),
     (
         "pull-timeout",
-        {"launch_pull_timeout": "1h"},
+        {"llamafactory_pull_timeout": "1h"},
         None,
-        ["launch_pull_timeout (1h) positive seconds"],
+        ["llamafactory_pull_timeout (1h) positive seconds"],
     ),
     (
         "shared-mount-relative",
@@ -127,15 +127,15 @@ CATALOGUE = [
     ),
     (
         "registry-password-alone",
-        {"launch_registry_password": "token"},
+        {"llamafactory_registry_password": "token"},
         None,
-        ["launch_registry_password is set but launch_registry_username is empty"],
+        ["llamafactory_registry_password is set but llamafactory_registry_username is empty"],
     ),
     (
         "registry-typo",
         {"launch_registry_user": "oauth2accesstoken"},
         None,
-        ["launch_registry_user (did you mean launch_registry_username?)"],
+        ["launch_registry_user (did you mean llamafactory_registry_username?)"],
     ),
     (
         "bridge",
@@ -153,7 +153,7 @@ CATALOGUE = [
         "secret-env",
         {"llamafactory_env": {"HF_TOKEN": "hf_abc"}},
         None,
-        ["llamafactory_env sets HF_TOKEN", "launch_hf_token"],
+        ["llamafactory_env sets HF_TOKEN", "llamafactory_hf_token"],
     ),
     (
         "reserved-env",

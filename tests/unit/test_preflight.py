@@ -89,7 +89,7 @@ def test_low_disk_and_gpu_count():
     free = data["reports"]["vm1"]["disk"]["free"]
     found = verdict(data, reports, min_free_gb=free / 1e9 + 1)
     assert {f["id"] for f in found} == {"disk-low"}
-    assert "launch_min_free_gb" in found[0]["cause"]
+    assert "preflight_min_free_gb" in found[0]["cause"]
     reports["vm1"]["report"]["gpus"] = 4
     found = verdict(data, reports, gpus_per_node=8)
     assert [f["id"] for f in found] == ["gpu-count"]
@@ -172,7 +172,7 @@ def test_targets_and_message():
     text = preflight.message("demo", verdict(data, copy.deepcopy(reports)))
     assert text.startswith("preflight of job demo found 1 problem(s) before any rank started:")
     assert "- peer-unreachable: " in text and "\n  Fix: " in text
-    assert text.endswith("Nothing was launched (launch_preflight=false skips these checks).")
+    assert text.endswith("Nothing was launched (preflight_enabled=false skips these checks).")
 
 
 def test_doctor_report_lines():

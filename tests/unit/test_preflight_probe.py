@@ -1,4 +1,4 @@
-"""The preflight probe (roles/launch/files/preflight_probe.py) itself, on loopback: a listener
+"""The preflight probe (roles/preflight/files/preflight_probe.py) itself, on loopback: a listener
 answers with its node's name, a closed port is refused (and retried until the deadline), and a
 source address the machine does not have fails at once with EADDRNOTAVAIL - what a
 bridge-networked container gets when asked to send from its node's address."""
@@ -119,5 +119,5 @@ def test_a_taken_port_ends_the_listener_and_is_named(listener):
     nodes = {"vm0": {"rank": 0, "address": "10.0.0.2", "interface": "ens4"}}
     found = preflight.findings(reports, nodes, "10.0.0.2", listener, 49999)
     assert found[0]["id"] == "port-in-use"
-    assert f"port {listener} (MASTER_PORT) or 49999 (launch_preflight_port)" in found[0]["cause"]
+    assert f"port {listener} (MASTER_PORT) or 49999 (preflight_port)" in found[0]["cause"]
     assert "llamafactory_master_port" in found[0]["fix"]

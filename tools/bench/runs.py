@@ -40,7 +40,7 @@ SIZES_MB = [16, 32, 64, 128, 256]
 FAULTS = {
     "bridge networking": {
         "expect": "container-not-on-host-network",
-        "vars": {"llamafactory_network_mode": "bridge", "launch_allow_bridge": True},
+        "vars": {"llamafactory_network_mode": "bridge", "llamafactory_allow_bridge": True},
     },
     "wrong NIC": {"expect": "master-unreachable", "vars": {"llamafactory_interface": "ext0"}},
     "blocked port": {"expect": "peer-unreachable", "vars": {}},

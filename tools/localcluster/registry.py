@@ -285,8 +285,8 @@ def pull_vars(registry: Registry, image: str) -> Path:
         json.dumps(
             {
                 "llamafactory_image": image,
-                "launch_registry_username": registry.username,
-                "launch_registry_password": registry.password,
+                "llamafactory_registry_username": registry.username,
+                "llamafactory_registry_password": registry.password,
             },
             indent=2,
         )

@@ -281,7 +281,7 @@ def test_permission_denied_names_the_permission(fresh):
     rc, output = play(gcp_firewall_ssh_source_ranges=[])
     assert rc != 0
     assert (
-        "Permission denied: the credentials (gcp_firewall_auth_kind=accesstoken) lack "
+        "Permission denied: the credentials (llamafactory_gcp_auth_kind=accesstoken) lack "
         "compute.firewalls.create" in output
     )
     assert "roles/compute.securityAdmin" in output
@@ -298,10 +298,10 @@ def test_permission_denied_on_read(fresh):
 
 
 def test_rejected_token(fresh):
-    rc, output = play(gcp_firewall_access_token=CLIENT["token"][::-1])
+    rc, output = play(llamafactory_gcp_access_token=CLIENT["token"][::-1])
     assert rc != 0
     assert (
-        "rejected the credentials (gcp_firewall_auth_kind=accesstoken) and they cannot be" in output
+        "rejected the credentials (llamafactory_gcp_auth_kind=accesstoken) and they cannot be" in output
     )
     assert [(r["method"], r["status"]) for r in control("GET", "requests")] == [("GET", 401)]
     control("DELETE", "requests")  # the teardown's check is for the real token
@@ -319,7 +319,7 @@ def test_missing_network(fresh):
 
 
 def test_missing_project(fresh):
-    rc, output = play(gcp_firewall_project="hlf-missing")
+    rc, output = play(llamafactory_gcp_project="hlf-missing")
     assert rc != 0
     assert "Project hlf-missing was not found" in output
     assert [(r["method"], r["path"], r["status"]) for r in log()] == [
