@@ -1,19 +1,14 @@
 """Fixtures for tests on the local cluster: one cluster per session, shared read-only."""
 
 import json
-import os
 import subprocess
-import sys
 from pathlib import Path
 
-import ansible_runner
+import ansible_run
 import pytest
 from localcluster import cluster, registry, spec, train_image
 
-ROOT = Path(__file__).resolve().parents[2]
-# ansible-runner starts ansible/ansible-playbook from PATH: use this venv's.
-os.environ["PATH"] = f"{Path(sys.executable).parent}{os.pathsep}{os.environ['PATH']}"
-os.environ.setdefault("ANSIBLE_CONFIG", str(ROOT / "ansible.cfg"))
+ROOT = ansible_run.ROOT
 
 
 def pytest_collection_modifyitems(items):
@@ -78,36 +73,16 @@ def vms(test_cluster):
 
 
 def ansible_facts(inventory: str, tmp_path: Path) -> dict[str, dict]:
-    """Network facts of every llamafactory host, gathered over SSH by ansible-runner."""
-    result = ansible_runner.run(
-        private_data_dir=str(tmp_path),
-        inventory=inventory,
-        host_pattern="llamafactory",
+    """Network facts of every llamafactory host, gathered over SSH."""
+    result = ansible_run.run(
+        tmp_path,
+        inventory,
         module="ansible.builtin.setup",
         module_args="gather_subset=!all,!min,network,distribution",
-        quiet=True,
         timeout=300,
     )
-    facts = {}
-    for event in result.events:
-        if event.get("event") == "runner_on_ok":
-            data = event["event_data"]
-            facts[data["host"]] = data["res"]["ansible_facts"]
     assert result.rc == 0, f"ansible setup failed: {result.stats}"
-    return facts
-
-
-def _results(runner) -> dict[str, list[dict]]:
-    """host -> task results in order ({'task', 'ok', 'res'}), from ansible-runner's events."""
-    results: dict[str, list[dict]] = {}
-    for event in runner.events:
-        kind = event.get("event")
-        if kind in ("runner_on_ok", "runner_on_failed", "runner_on_unreachable"):
-            data = event["event_data"]
-            results.setdefault(data["host"], []).append(
-                {"task": data.get("task"), "ok": kind == "runner_on_ok", "res": data["res"]}
-            )
-    return results
+    return {host: items[-1]["res"]["ansible_facts"] for host, items in result.results().items()}
 
 
 def run_module(
@@ -119,20 +94,12 @@ def run_module(
     check: bool = False,
 ) -> dict[str, dict]:
     """host -> the module's result (failed ones included, with 'failed': True)."""
-    tmp_path.mkdir(parents=True, exist_ok=True)
-    runner = ansible_runner.run(
-        private_data_dir=str(tmp_path),
-        inventory=inventory,
-        host_pattern=hosts,
-        module=module,
-        module_args=args,
-        quiet=True,
-        timeout=300,
-        cmdline="--check" if check else None,
+    result = ansible_run.run(
+        tmp_path, inventory, module=module, module_args=args, hosts=hosts, check=check, timeout=300
     )
     return {
         host: {**items[-1]["res"], "failed": not items[-1]["ok"]}
-        for host, items in _results(runner).items()
+        for host, items in result.results().items()
     }
 
 
@@ -142,26 +109,13 @@ def run_playbook(
     playbook: str,
     extravars: dict | None = None,
     check: bool = False,
+    **options,
 ):
-    """(runner, host -> the facts set along the way, merged in order, host -> results)."""
-    tmp_path.mkdir(parents=True, exist_ok=True)
-    runner = ansible_runner.run(
-        private_data_dir=str(tmp_path),
-        inventory=inventory,
-        playbook=str(ROOT / playbook),
-        extravars=extravars or {},
-        quiet=True,
-        timeout=600,
-        cmdline="--check" if check else None,
+    """(the run, host -> the facts set along the way, host -> results)."""
+    result = ansible_run.run(
+        tmp_path, inventory, playbook=playbook, extravars=extravars, check=check, **options
     )
-    results = _results(runner)
-    facts = {}
-    for host, items in results.items():
-        merged: dict = {}
-        for item in items:
-            merged.update(item["res"].get("ansible_facts") or {})
-        facts[host] = merged
-    return runner, facts, results
+    return result, result.facts(), result.results()
 
 
 # The training image in the cluster's private registry, with its credentials: every play of
@@ -193,7 +147,7 @@ JOBS = "/var/lib/llamafactory/jobs"
 
 def play(inventory, tmp_path, job, playbook=TRAIN, check=False, **extravars):
     """Run a playbook for `job`; (rc, stats, failures: host -> msg, events)."""
-    runner, _facts, _results = run_playbook(
+    result, _facts, _results = run_playbook(
         inventory,
         tmp_path,
         playbook,
@@ -206,18 +160,11 @@ def play(inventory, tmp_path, job, playbook=TRAIN, check=False, **extravars):
         },
         check=check,
     )
-    return summarize(runner)
+    return summarize(result)
 
 
-def summarize(runner):
-    failures = {}
-    for event in runner.events:
-        if event.get("event") == "runner_on_failed" and not event["event_data"].get(
-            "ignore_errors"
-        ):
-            data = event["event_data"]
-            failures[data["host"]] = {"task": data.get("task"), "msg": data["res"].get("msg", "")}
-    return runner.rc, runner.stats or {}, failures, list(runner.events)
+def summarize(result: ansible_run.Run):
+    return result.rc, result.stats, result.failures(), result.events
 
 
 def container(vm, job):

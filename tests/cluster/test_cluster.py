@@ -6,6 +6,7 @@ import socket
 import time
 from pathlib import Path
 
+import ansible_run
 import pytest
 from conftest import ansible_facts
 from localcluster import cluster
@@ -33,6 +34,38 @@ def test_ansible_reaches_every_vm_over_the_external_path(test_cluster, tmp_path)
     for node in state["nodes"]:
         assert f"ansible_host: {node['external_address']}" in text
         assert f"ansible_host: {node['vpc_address']}" not in text
+
+
+def test_a_changed_host_key_stops_ansible(test_cluster, tmp_path):
+    """Host keys are checked as in a user's run (ansible-runner's own default turns that off)."""
+    state = test_cluster[1]
+    vm0, vm1 = state["nodes"]
+    tampered = tmp_path / "known_hosts"  # vm0's address with vm1's key
+    tampered.write_text(
+        "".join(f"{node['external_address']} {vm1['host_key']}\n" for node in (vm0, vm1))
+    )
+    inventory = tmp_path / "inventory.yml"
+    inventory.write_text(
+        Path(state["inventory"]).read_text().replace(state["known_hosts"], str(tampered))
+    )
+    # Connections of their own: an open ControlMaster socket to vm0 would skip the key check.
+    result = ansible_run.run(
+        tmp_path / "run",
+        str(inventory),
+        module="ansible.builtin.ping",
+        envvars={"ANSIBLE_SSH_CONTROL_PATH_DIR": str(tmp_path / "cp")},
+        timeout=120,
+    )
+    assert result.unreachable() == ["vm0"], result.stats
+    (unreachable,) = [
+        e["event_data"]["res"]["msg"]
+        for e in result.events
+        if e.get("event") == "runner_on_unreachable"
+    ]
+    assert (
+        "REMOTE HOST IDENTIFICATION HAS CHANGED" in unreachable
+        or "Host key verification failed" in unreachable
+    )
 
 
 def test_nic_names_addresses_and_routes_are_as_defined(test_cluster, vms):

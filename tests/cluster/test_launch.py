@@ -11,9 +11,8 @@ import subprocess
 import threading
 import time
 
-import ansible_runner
 import pytest
-from conftest import JOBS, PULL_VARS, ROOT, TRAIN, container, play, summarize
+from conftest import JOBS, PULL_VARS, ROOT, TRAIN, container, play, run_playbook, summarize
 
 
 def logs(vm, job):
@@ -355,16 +354,9 @@ def test_status_stop_and_cleanup(e2e, tmp_path):
 
 def test_forks_below_the_node_count_are_refused(train_cluster, tmp_path):
     inventory = train_cluster[0]
-    tmp_path.mkdir(parents=True, exist_ok=True)
-    runner = ansible_runner.run(
-        private_data_dir=str(tmp_path),
-        inventory=inventory,
-        playbook=str(ROOT / TRAIN),
-        extravars={**PULL_VARS, "llamafactory_job": "e2e-forks"},
-        quiet=True,
-        timeout=300,
-        forks=1,
+    result, _facts, _results = run_playbook(
+        inventory, tmp_path, TRAIN, {**PULL_VARS, "llamafactory_job": "e2e-forks"}, forks=1
     )
-    rc, stats, failures, _events = summarize(runner)
+    rc, stats, failures, _events = summarize(result)
     assert rc != 0 and "forks is 1 but the job has 2 nodes" in failures["vm0"]["msg"]
     assert changed(stats) == {}

@@ -146,7 +146,8 @@ def test_a_registry_that_never_answers_hits_the_deadline(private, tmp_path):
     for host, result in outcome.items():
         assert not result["ok"] and result.get("state") == "timed_out", (host, result)
         assert (
-            f"the pull of {image} did not finish within llamafactory_pull_timeout (4 s)" in result["msg"]
+            f"the pull of {image} did not finish within llamafactory_pull_timeout (4 s)"
+            in result["msg"]
         )
         assert "contacting the registry" in result["msg"]
     for vm in vms:

@@ -418,7 +418,9 @@ def test_controller_problems():
         "need to refresh the access token. You must specify refresh_token, token_uri, client_id, "
         "and client_secret.",
     }
-    assert "cannot be refreshed: renew llamafactory_gcp_access_token" in fw.explain(expired, CONTEXT)
+    assert "cannot be refreshed: renew llamafactory_gcp_access_token" in fw.explain(
+        expired, CONTEXT
+    )
     odd = {"failed": True, "msg": "something else"}
     assert (
         fw.explain(odd, CONTEXT)

@@ -1,0 +1,128 @@
+"""The one way the tests run Ansible: a playbook or a module through ansible-runner, as a user runs
+it (this checkout's ansible.cfg and collections, host keys checked), and what came of it.
+
+ansible-runner sets ANSIBLE_HOST_KEY_CHECKING=False unless told otherwise, and ssh then takes
+`-o StrictHostKeyChecking=no` before the inventory's own options: a VM whose key changed would
+still be reached. Every run here sets it back to True.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import ansible_runner
+
+ROOT = Path(__file__).resolve().parents[1]
+# ansible-runner starts ansible/ansible-playbook from PATH: use this venv's.
+os.environ["PATH"] = f"{Path(sys.executable).parent}{os.pathsep}{os.environ['PATH']}"
+ENV = {
+    "ANSIBLE_CONFIG": str(ROOT / "ansible.cfg"),
+    "ANSIBLE_COLLECTIONS_PATH": str(ROOT / ".cache" / "collections"),
+    "ANSIBLE_HOST_KEY_CHECKING": "True",
+}
+
+
+@dataclass
+class Run:
+    """What a run left: its return code, recap, events, and views of them."""
+
+    rc: int
+    stats: dict
+    events: list = field(repr=False)
+
+    def results(self) -> dict[str, list[dict]]:
+        """host -> task results in order ({'task', 'ok', 'res'})."""
+        results: dict[str, list[dict]] = {}
+        for event in self.events:
+            kind = event.get("event")
+            if kind in ("runner_on_ok", "runner_on_failed", "runner_on_unreachable"):
+                data = event["event_data"]
+                results.setdefault(data["host"], []).append(
+                    {"task": data.get("task"), "ok": kind == "runner_on_ok", "res": data["res"]}
+                )
+        return results
+
+    def facts(self) -> dict[str, dict]:
+        """host -> the facts set along the way, merged in order."""
+        facts = {}
+        for host, items in self.results().items():
+            merged: dict = {}
+            for item in items:
+                merged.update(item["res"].get("ansible_facts") or {})
+            facts[host] = merged
+        return facts
+
+    def failures(self) -> dict[str, dict]:
+        """host -> {'task', 'msg'} of its last failure that was not ignored."""
+        failures = {}
+        for event in self.events:
+            data = event.get("event_data", {})
+            if event.get("event") == "runner_on_failed" and not data.get("ignore_errors"):
+                failures[data["host"]] = {
+                    "task": data.get("task"),
+                    "msg": data["res"].get("msg", ""),
+                }
+        return failures
+
+    def unreachable(self) -> list[str]:
+        return [
+            event["event_data"]["host"]
+            for event in self.events
+            if event.get("event") == "runner_on_unreachable"
+        ]
+
+    def messages(self) -> list[str]:
+        """The msg of every task that printed or failed (loop items included), in order."""
+        messages = []
+        for event in self.events:
+            res = event.get("event_data", {}).get("res") or {}
+            if event.get("event") in ("runner_on_failed", "runner_on_ok"):
+                if "msg" in res:
+                    messages.append(str(res["msg"]))
+                messages.extend(
+                    str(item["msg"]) for item in res.get("results", []) if "msg" in item
+                )
+        return messages
+
+    def changed(self) -> dict[str, int]:
+        """host -> changed tasks, for the hosts with any."""
+        return {host: n for host, n in (self.stats.get("changed") or {}).items() if n}
+
+
+def run(
+    private_data_dir: Path,
+    inventory,
+    *,
+    playbook: str | Path | None = None,
+    module: str | None = None,
+    module_args: str | None = None,
+    hosts: str = "llamafactory",
+    extravars: dict | None = None,
+    check: bool = False,
+    forks: int | None = None,
+    limit: str | None = None,
+    envvars: dict | None = None,
+    timeout: int = 600,
+) -> Run:
+    """Run `playbook` (a path, relative to the checkout or absolute) or `module` on `hosts`."""
+    private_data_dir = Path(private_data_dir)
+    private_data_dir.mkdir(parents=True, exist_ok=True)
+    kwargs = {"playbook": str(ROOT / playbook)} if playbook else {}
+    if module:
+        kwargs.update(module=module, module_args=module_args, host_pattern=hosts)
+    runner = ansible_runner.run(
+        private_data_dir=str(private_data_dir),
+        inventory=inventory,
+        extravars=extravars or {},
+        envvars={**ENV, **(envvars or {})},
+        cmdline="--check" if check else None,
+        forks=forks,
+        limit=limit,
+        quiet=True,
+        timeout=timeout,
+        **kwargs,
+    )
+    return Run(runner.rc, runner.stats or {}, list(runner.events))
