@@ -141,7 +141,10 @@ def test_label_selects_the_training_vms_with_ranks_and_reachable_addresses(fake,
     assert hostvars["trainer-a"]["ansible_host"] == "10.128.0.2"
     for host in hostvars.values():
         assert host["llamafactory_platform"] == "gcp"
-        assert (host["gcp_firewall_project"], host["gcp_firewall_network"]) == (PROJECT, "default")
+        assert (host["llamafactory_gcp_project"], host["gcp_firewall_network"]) == (
+            PROJECT,
+            "default",
+        )
         assert "name" not in host  # the API's fields come prefixed: gcp_name, gcp_labels...
     assert hostvars["trainer-a"]["gcp_zone"] == "us-central1-b"
 
