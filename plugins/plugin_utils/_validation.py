@@ -1058,7 +1058,7 @@ def validate(
         "nproc": max(values["llamafactory_gpus_per_node"] or 0, 1),
     }
 
-    if purpose == "train" and config_path and not problems:
+    if purpose == "train" and config_path:
         overrides = values["llamafactory_train_overrides"] or {}
         path = os.path.abspath(os.path.expanduser(config_path))
         try:
@@ -1070,12 +1070,11 @@ def validate(
                 % (config_path, getattr(exc, "strerror", None) or exc)
             )
         else:
-            add(
-                config_problems(
-                    config, overrides, config_path, values["llamafactory_gpus_per_node"]
-                )
+            found = config_problems(
+                config, overrides, config_path, values["llamafactory_gpus_per_node"]
             )
-            if not problems:
+            add(found)
+            if not found:
                 try:
                     planned = train_plan(
                         config, path, job_dir, overrides, values["llamafactory_shared_mounts"]
