@@ -12,8 +12,7 @@ from pathlib import Path
 import pytest
 import requests
 import yaml
-from ansible.errors import AnsibleFilterError
-from ansible_collections.hostnet.llamafactory.plugins.filter.node_ranks import node_ranks
+from ansible_collections.hostnet.llamafactory.plugins.plugin_utils import _node_ranks
 
 ROOT = Path(__file__).resolve().parents[2]
 FAKE = ROOT / "tests" / "fakes" / "compute_api.py"
@@ -26,6 +25,12 @@ LIST_PATH = f"/compute/v1/projects/{PROJECT}/aggregated/instances"
 SPEC = importlib.util.spec_from_file_location("compute_api", FAKE)
 compute_api = importlib.util.module_from_spec(SPEC)
 SPEC.loader.exec_module(compute_api)
+
+
+def node_ranks(hosts, hostvars):
+    """validate_job's ranks (plugin_utils/_node_ranks.py) from the inventory's hostvars."""
+    given = {h: hostvars[h].get("llamafactory_node_rank") for h in hosts}
+    return _node_ranks.node_ranks(hosts, given)
 
 
 def nic(internal, external=None):
@@ -132,10 +137,10 @@ def test_label_selects_the_training_vms_with_ranks_and_reachable_addresses(fake,
         "trainer-a": 0,
         "trainer-b": 1,
     }
-    assert node_ranks(inventory["llamafactory"]["hosts"], hostvars) == {
-        "trainer-a": 0,
-        "trainer-b": 1,
-    }
+    assert node_ranks(inventory["llamafactory"]["hosts"], hostvars) == (
+        {"trainer-a": 0, "trainer-b": 1},
+        [],
+    )
     # The external IP; the internal one for the VM that has none.
     assert hostvars["trainer-b"]["ansible_host"] == "203.0.113.11"
     assert hostvars["trainer-a"]["ansible_host"] == "10.128.0.2"
@@ -193,8 +198,8 @@ def test_a_rank_label_that_is_no_number_is_named_by_node_ranks(fake, tmp_path):
     inventory, hostvars = listed(run_inventory(fake, tmp_path))
 
     assert hostvars["trainer-b"]["llamafactory_node_rank"] == "one"
-    with pytest.raises(AnsibleFilterError, match="llamafactory_node_rank of trainer-b is 'one'"):
-        node_ranks(inventory["llamafactory"]["hosts"], hostvars)
+    _ranks, problems = node_ranks(inventory["llamafactory"]["hosts"], hostvars)
+    assert any("llamafactory_node_rank of trainer-b is 'one'" in p for p in problems)
 
 
 @pytest.mark.parametrize(

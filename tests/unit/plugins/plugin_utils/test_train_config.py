@@ -1,4 +1,4 @@
-"""The per-node training config (plugins/module_utils/train_config.py): what is copied, how the
+"""The per-node training config (plugins/plugin_utils/_train_config.py): what is copied, how the
 config's paths are rewritten, the notes, the errors, and the digest that tells a changed job."""
 
 import json
@@ -6,14 +6,16 @@ from pathlib import Path
 
 import pytest
 import yaml
-from ansible_collections.hostnet.llamafactory.plugins.module_utils import train_config
-from ansible_collections.hostnet.llamafactory.plugins.module_utils.train_config import (
+from ansible_collections.hostnet.llamafactory.plugins.plugin_utils import (
+    _train_config as train_config,
+)
+from ansible_collections.hostnet.llamafactory.plugins.plugin_utils._train_config import (
     PlanError,
     plan,
     tree_digest,
 )
 
-ROOT = Path(__file__).resolve().parents[2]
+ROOT = Path(__file__).resolve().parents[4]
 DEMO = ROOT / "examples" / "local-demo" / "llama3_lora_sft_ds3.yaml"
 JOB = "/var/lib/llamafactory/jobs/demo"
 

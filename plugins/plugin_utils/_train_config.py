@@ -1,7 +1,7 @@
 # -*- coding: utf-8 -*-
 # Copyright: hostnet.llamafactory contributors
 # GNU General Public License v3.0+ (see LICENSE or https://www.gnu.org/licenses/gpl-3.0.txt)
-"""The per-node form of a LLaMA-Factory training config (runs on the controller).
+"""The per-node form of a LLaMA-Factory training config (controller only, private).
 
 A user's YAML names paths as seen from where it was written. Every node needs them as node-local
 paths under the job directory: outputs (with ZeRO-3 every node writes its own shard), the

@@ -1,39 +1,17 @@
 # -*- coding: utf-8 -*-
 # Copyright: hostnet.llamafactory contributors
 # GNU General Public License v3.0+ (see LICENSE or https://www.gnu.org/licenses/gpl-3.0.txt)
+"""What kind of address a MASTER_ADDR is (controller only, private).
+
+V(bridge) for Docker's default bridge pools (172.17.0.0/16 to 172.31.0.0/16, the C(172.17.0.2)
+of the classic failure), V(loopback), V(private) (RFC 1918, CGNAT, RFC 2544 test networks, ULA),
+V(public) for addresses routed on the internet, V(other) for the rest, V(invalid) for anything
+that is not an address.
+"""
 
 from __future__ import absolute_import, division, print_function
 
 __metaclass__ = type
-
-DOCUMENTATION = r"""
-name: address_kind
-short_description: What kind of address a MASTER_ADDR is - private, public, Docker bridge, loopback
-version_added: 0.1.0
-description:
-  - Classifies an IP address for the checks before a launch - V(bridge) for Docker's default
-    bridge pools (172.17.0.0/16 to 172.31.0.0/16, the C(172.17.0.2) of the classic failure),
-    V(loopback), V(private) (RFC 1918, CGNAT, RFC 2544 test networks, ULA), V(public) for
-    addresses routed on the internet (an external IP), V(other) for the rest and V(invalid) for
-    anything that is not an address.
-options:
-  _input:
-    description: The address.
-    type: str
-    required: true
-"""
-
-EXAMPLES = r"""
-- name: Refuse a public MASTER_ADDR
-  ansible.builtin.assert:
-    that: llamafactory_master_addr | hostnet.llamafactory.address_kind == 'private'
-"""
-
-RETURN = r"""
-_value:
-  description: V(private), V(public), V(bridge), V(loopback), V(other) or V(invalid).
-  type: str
-"""
 
 import ipaddress
 
@@ -66,8 +44,3 @@ def address_kind(value):
     if address.is_global:
         return "public"
     return "other"
-
-
-class FilterModule(object):
-    def filters(self):
-        return {"address_kind": address_kind}
