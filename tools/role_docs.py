@@ -31,27 +31,9 @@ def _cell(value) -> str:
     return f"`{value}`"
 
 
-def render(role: Path) -> str:
-    specs = yaml.safe_load((role / "meta" / "argument_specs.yml").read_text())["argument_specs"]
-    main = specs["main"]
-    lines = [
-        MARK,
-        "",
-        f"# Role `hostnet.llamafactory.{role.name}`",
-        "",
-        main["short_description"],
-        "",
-    ]
-    description = main.get("description", [])
-    for paragraph in [description] if isinstance(description, str) else description:
-        lines += [_markup(paragraph), ""]
-    lines += [
-        "## Variables",
-        "",
-        "| variable | type | default | description |",
-        "|---|---|---|---|",
-    ]
-    for name, option in sorted(main.get("options", {}).items()):
+def _options(options: dict) -> list[str]:
+    lines = ["| variable | type | default | description |", "|---|---|---|---|"]
+    for name, option in sorted(options.items()):
         kind = option.get("type", "str")
         if option.get("choices"):
             kind += " (" + ", ".join(f"`{c}`" for c in option["choices"]) + ")"
@@ -59,7 +41,36 @@ def render(role: Path) -> str:
         text = _markup(text if isinstance(text, str) else " ".join(text))
         required = "required" if option.get("required") else _cell(option.get("default"))
         lines.append(f"| `{name}` | {kind} | {required} | {text} |")
-    return "\n".join(lines) + "\n"
+    return lines
+
+
+def _paragraphs(entry: dict) -> list[str]:
+    description = entry.get("description", [])
+    lines = []
+    for paragraph in [description] if isinstance(description, str) else description:
+        lines += [_markup(paragraph), ""]
+    return lines
+
+
+def render(role: Path) -> str:
+    """The role's README: its main entry point, then every other one (tasks_from, or a list of
+    settings documented only), each with its variables."""
+    specs = yaml.safe_load((role / "meta" / "argument_specs.yml").read_text())["argument_specs"]
+    main = specs["main"]
+    lines = [MARK, "", f"# Role `hostnet.llamafactory.{role.name}`", ""]
+    lines += [main["short_description"], ""] + _paragraphs(main)
+    if main.get("options"):
+        lines += ["## Variables", ""] + _options(main["options"]) + [""]
+    for name, entry in specs.items():
+        if name == "main":
+            continue
+        tasks = role / "tasks" / f"{name}.yml"
+        how = f"`tasks_from: {name}.yml`" if tasks.exists() else "documentation only"
+        lines += [f"## `{name}` ({how})", "", entry["short_description"], ""]
+        lines += _paragraphs(entry)
+        if entry.get("options"):
+            lines += _options(entry["options"]) + [""]
+    return "\n".join(lines).rstrip("\n") + "\n"
 
 
 def main(check: bool) -> int:

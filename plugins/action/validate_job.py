@@ -115,7 +115,7 @@ class ActionModule(ActionBase):
             return result
         result.update(
             changed=False,
-            ansible_facts={_validation.PLAN_FACT: plan},
+            plan=plan,
             msg="job %r (%s): %d node%s, master %s, MASTER_PORT %d, job folder %s"
             % (
                 plan["job"],

@@ -23,11 +23,12 @@ description:
     training YAML's shape, node ranks, forks, C(--limit), the platform, renamed and removed
     variables, and unknown variables with the collection's prefixes (typos, with the closest
     known name).
-  - Fails once, listing every problem, each naming its variable and the fix. Otherwise sets the
-    fact C(llamafactory_job_plan) - the job's identity computed once (name, ports, folders,
-    container, nodes, ranks, master, processes per node and, for O(purpose=train), the node-local
-    training config, the files to copy and the job's digest). Use it with C(run_once) so that
-    the fact reaches every host of the play.
+  - Fails once, listing every problem, each naming its variable and the fix. Otherwise returns
+    the job's plan - its identity computed once (name, ports, folders, container, nodes, ranks,
+    master, platform, GPUs and processes per node and, for O(purpose=train), the node-local
+    training config, the files to copy and the job's digest). The role
+    hostnet.llamafactory.llamafactory gives it to every host as the fact C(llamafactory_job_plan)
+    (set_fact with C(run_once), so that it is not cached beyond the run).
   - Variables set by tasks (set_fact, register, gathered facts) are not checked for their names;
     the collection's roles set facts with their own prefixes.
 author:
@@ -58,9 +59,8 @@ attributes:
     platforms: posix
     description: Runs on the controller.
 notes:
-  - The fact is set through C(ansible_facts); with fact caching enabled it outlives the run, so
-    the role hostnet.llamafactory.llamafactory validates again unless the plan is for the same
-    purpose and the same nodes.
+  - The plan is returned, not set as a fact, so that fact caching cannot keep it beyond the run
+    (a stale plan would outlive a changed config).
 """
 
 EXAMPLES = r"""
@@ -69,48 +69,46 @@ EXAMPLES = r"""
     purpose: train
   run_once: true
   delegate_to: localhost
+  register: checked
 
 - name: Show where the job lives
   ansible.builtin.debug:
-    msg: "{{ llamafactory_job_plan.job_dir }} on {{ llamafactory_job_plan.nodes | join(', ') }}"
+    msg: "{{ checked.plan.job_dir }} on {{ checked.plan.nodes | join(', ') }}"
 """
 
 RETURN = r"""
-ansible_facts:
-  description: The fact C(llamafactory_job_plan).
+plan:
   returned: success
+  description:
+    - job, purpose, master_port, preflight_port, jobs_root, job_dir, output_dir, container
+      (empty for a doctor run without a job), nodes (the play's hosts in group order), ranks
+      (host to node rank), master (the host of rank 0), nproc (processes per node), platform,
+      gpus_per_node (host to GPU count).
+    - For O(purpose=train) also config (the training config every node gets), copies (key,
+      src, dest, directory of each file to copy), digest and notes.
   type: dict
-  contains:
-    llamafactory_job_plan:
-      description:
-        - job, purpose, master_port, preflight_port, jobs_root, job_dir, output_dir, container
-          (empty for a doctor run without a job), nodes (the play's hosts in group order), ranks
-          (host to node rank), master (the host of rank 0), nproc (processes per node).
-        - For O(purpose=train) also config (the training config every node gets), copies (key,
-          src, dest, directory of each file to copy), digest and notes.
-      type: dict
-      sample:
-        job: demo
-        purpose: train
-        master_port: 29949
-        preflight_port: 49949
-        jobs_root: /var/lib/llamafactory/jobs
-        job_dir: /var/lib/llamafactory/jobs/demo
-        output_dir: /var/lib/llamafactory/jobs/demo/output
-        container: llamafactory-demo
-        nodes: [vm0, vm1]
-        ranks: {vm0: 0, vm1: 1}
-        master: vm0
-        nproc: 1
-        config: {stage: sft, output_dir: /var/lib/llamafactory/jobs/demo/output}
-        copies:
-          - key: deepspeed
-            src: /home/me/job/ds_z3_config.json
-            dest: /var/lib/llamafactory/jobs/demo/deepspeed.json
-            directory: false
-        digest: 3aa9f3ce4201677a
-        notes:
-          - output_dir saves/tiny becomes /var/lib/llamafactory/jobs/demo/output on every node
+  sample:
+    job: demo
+    purpose: train
+    master_port: 29949
+    preflight_port: 49949
+    jobs_root: /var/lib/llamafactory/jobs
+    job_dir: /var/lib/llamafactory/jobs/demo
+    output_dir: /var/lib/llamafactory/jobs/demo/output
+    container: llamafactory-demo
+    nodes: [vm0, vm1]
+    ranks: {vm0: 0, vm1: 1}
+    master: vm0
+    nproc: 1
+    config: {stage: sft, output_dir: /var/lib/llamafactory/jobs/demo/output}
+    copies:
+      - key: deepspeed
+        src: /home/me/job/ds_z3_config.json
+        dest: /var/lib/llamafactory/jobs/demo/deepspeed.json
+        directory: false
+    digest: 3aa9f3ce4201677a
+    notes:
+      - output_dir saves/tiny becomes /var/lib/llamafactory/jobs/demo/output on every node
 problems:
   description: Every problem found, each naming its variable and the fix.
   returned: failure

@@ -1,4 +1,5 @@
-"""Fixtures for tests on the local cluster: one cluster per session, shared read-only."""
+"""Playbook-level tests. Fixtures for the ones on the local cluster: one cluster per session,
+shared read-only."""
 
 import json
 import subprocess
@@ -9,11 +10,6 @@ import pytest
 from localcluster import cluster, registry, spec, train_image
 
 ROOT = ansible_run.ROOT
-
-
-def pytest_collection_modifyitems(items):
-    for item in items:
-        item.add_marker(pytest.mark.cluster)
 
 
 @pytest.fixture(scope="session")

@@ -7,6 +7,8 @@ from conftest import VM, ansible_facts
 from localcluster import cluster, images, spec
 from localcluster.images import ArchiveUnreachable
 
+pytestmark = pytest.mark.cluster  # brings up a local cluster
+
 
 def test_second_nic_and_decoy_default_route_then_teardown_leaves_nothing(tmp_path):
     definition = spec.load(

@@ -11,6 +11,8 @@ import pytest
 from conftest import run_playbook
 from localcluster import cluster, images, registry
 
+pytestmark = pytest.mark.cluster  # brings up a local cluster
+
 PLAY = """
 - name: Pull like the launch role
   hosts: llamafactory

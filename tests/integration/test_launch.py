@@ -14,6 +14,8 @@ import time
 import pytest
 from conftest import JOBS, PULL_VARS, ROOT, TRAIN, container, play, run_playbook, summarize
 
+pytestmark = pytest.mark.cluster  # brings up a local cluster
+
 
 def logs(vm, job):
     result = vm.sh(f"docker logs llamafactory-{job} 2>&1", check=False, timeout=60)

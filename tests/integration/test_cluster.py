@@ -11,6 +11,8 @@ import pytest
 from conftest import ansible_facts
 from localcluster import cluster
 
+pytestmark = pytest.mark.cluster  # brings up a local cluster
+
 RENDEZVOUS_PORT = 29500
 
 

@@ -8,6 +8,8 @@ import pytest
 from conftest import VM, run_module, run_playbook
 from localcluster import cluster, spec
 
+pytestmark = pytest.mark.cluster  # brings up a local cluster
+
 FAKE_METADATA = Path(__file__).with_name("fake_gce_metadata.py")
 METADATA_PORT = 8169
 METADATA_LOG = "/root/metadata-requests.log"

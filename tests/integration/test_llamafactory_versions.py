@@ -15,6 +15,8 @@ import pytest
 from conftest import JOBS, container, play
 from localcluster import cluster, registry, train_image
 
+pytestmark = pytest.mark.cluster  # brings up a local cluster
+
 VERSION = "0.9.0"
 JOB = "lf090"
 STEPS = 4

@@ -6,8 +6,11 @@ test_launch.py."""
 from contextlib import contextmanager
 from pathlib import Path
 
+import pytest
 import yaml
 from conftest import PULL_VARS, run_playbook
+
+pytestmark = pytest.mark.cluster  # brings up a local cluster
 
 TRAIN = "playbooks/train.yml"
 
