@@ -58,9 +58,9 @@ def render(role: Path) -> str:
     specs = yaml.safe_load((role / "meta" / "argument_specs.yml").read_text())["argument_specs"]
     main = specs["main"]
     lines = [MARK, "", f"# Role `hostnet.llamafactory.{role.name}`", ""]
-    lines += [main["short_description"], ""] + _paragraphs(main)
+    lines += [main["short_description"], "", *_paragraphs(main)]
     if main.get("options"):
-        lines += ["## Variables", ""] + _options(main["options"]) + [""]
+        lines += ["## Variables", "", *_options(main["options"]), ""]
     for name, entry in specs.items():
         if name == "main":
             continue
@@ -69,7 +69,7 @@ def render(role: Path) -> str:
         lines += [f"## `{name}` ({how})", "", entry["short_description"], ""]
         lines += _paragraphs(entry)
         if entry.get("options"):
-            lines += _options(entry["options"]) + [""]
+            lines += [*_options(entry["options"]), ""]
     return "\n".join(lines).rstrip("\n") + "\n"
 
 

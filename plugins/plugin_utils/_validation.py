@@ -1057,9 +1057,7 @@ def validate(
         "master": next((h for h, r in ranks.items() if r == 0), None),
         "nproc": max(values["llamafactory_gpus_per_node"] or 0, 1),
         "platform": values["llamafactory_platform"],
-        "gpus_per_node": dict(
-            (h, effective[h]["llamafactory_gpus_per_node"] or 0) for h in nodes
-        ),
+        "gpus_per_node": dict((h, effective[h]["llamafactory_gpus_per_node"] or 0) for h in nodes),
     }
 
     if purpose == "train" and config_path:

@@ -301,7 +301,8 @@ def test_rejected_token(fresh):
     rc, output = play(llamafactory_gcp_access_token=CLIENT["token"][::-1])
     assert rc != 0
     assert (
-        "rejected the credentials (llamafactory_gcp_auth_kind=accesstoken) and they cannot be" in output
+        "rejected the credentials (llamafactory_gcp_auth_kind=accesstoken) and they cannot be"
+        in output
     )
     assert [(r["method"], r["status"]) for r in control("GET", "requests")] == [("GET", 401)]
     control("DELETE", "requests")  # the teardown's check is for the real token
