@@ -15,7 +15,7 @@ import time
 
 from ansible.plugins.action import ActionBase
 from ansible.utils.display import Display
-from ansible_collections.hostnet.llamafactory.plugins.module_utils import image_pull as pull
+from ansible_collections.hostnet.llamafactory.plugins.plugin_utils import _pull_report as pull
 
 display = Display()
 
@@ -29,6 +29,7 @@ ARGUMENT_SPEC = dict(
     interval=dict(type="float", default=2.0),
     progress_every=dict(type="float", default=30.0),
     docker_socket=dict(type="path", default="/var/run/docker.sock"),
+    docker_timeout=dict(type="int", default=60),
 )
 
 
@@ -92,7 +93,15 @@ class ActionModule(ActionBase):
     def _call(self, args, phase):
         module_args = dict(
             (key, args[key])
-            for key in ("name", "pull", "username", "password", "timeout", "docker_socket")
+            for key in (
+                "name",
+                "pull",
+                "username",
+                "password",
+                "timeout",
+                "docker_socket",
+                "docker_timeout",
+            )
             if args.get(key) is not None
         )
         module_args["phase"] = phase

@@ -7,9 +7,9 @@ import json
 from pathlib import Path
 
 import pytest
-from ansible_collections.hostnet.llamafactory.plugins.module_utils import preflight
+from ansible_collections.hostnet.llamafactory.plugins.plugin_utils import _preflight as preflight
 
-FIXTURES = Path(__file__).parent / "fixtures" / "preflight"
+FIXTURES = Path(__file__).resolve().parents[2] / "fixtures" / "preflight"
 
 
 def case(name):

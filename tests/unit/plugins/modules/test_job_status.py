@@ -7,10 +7,10 @@ import time
 from pathlib import Path
 
 import pytest
-from ansible_collections.hostnet.llamafactory.plugins.module_utils import job
+from ansible_collections.hostnet.llamafactory.plugins.module_utils import _job as job
 from ansible_collections.hostnet.llamafactory.plugins.modules import job_status
 
-FIXTURES = Path(__file__).parent / "fixtures" / "job"
+FIXTURES = Path(__file__).resolve().parents[2] / "fixtures" / "job"
 
 
 def record(step: int) -> str:
