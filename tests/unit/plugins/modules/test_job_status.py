@@ -1,8 +1,11 @@
-"""The node-side helpers of the job_status module: the end of trainer_log.jsonl and the listing of
-the checkpoint folders (what job.last_progress and job.complete_checkpoints are given)."""
+"""The module job_status: its node-side helpers (the end of trainer_log.jsonl and the listing of
+the checkpoint folders, what _job.last_progress and _job.complete_checkpoints are given), and the
+module run as Ansible runs it against a dockerd stand-in on a unix socket (conftest.py)."""
 
 import json
 import os
+import subprocess
+import sys
 import time
 from pathlib import Path
 
@@ -94,3 +97,93 @@ def test_checkpoint_listing_holds_only_checkpoint_folders(tmp_path):
 def test_checkpoint_listing_of_a_missing_folder(tmp_path):
     assert job_status.checkpoint_listing(str(tmp_path / "absent")) == {}
     assert job_status.checkpoint_listing(str(tmp_path)) == {}
+
+
+# --- the module against a dockerd stand-in (conftest.py) ----------------------------------
+
+ROOT = Path(__file__).resolve().parents[4]
+MODULE = ROOT / "plugins" / "modules" / "job_status.py"
+
+
+def run_module(tmp_path, **args):
+    """The module as Ansible runs it (its own process, arguments as JSON), with no docker
+    command on PATH."""
+    (tmp_path / "args.json").write_text(json.dumps({"ANSIBLE_MODULE_ARGS": args}))
+    env = {
+        "PATH": str(tmp_path),  # nothing to run there
+        "PYTHONPATH": str(ROOT / ".cache" / "collections"),
+        "HOME": str(tmp_path),
+    }
+    done = subprocess.run(
+        [sys.executable, str(MODULE), str(tmp_path / "args.json")],
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=60,
+        check=False,
+    )
+    return json.loads(done.stdout)
+
+
+def inspect(name):
+    return json.loads((FIXTURES / f"inspect-{name}.json").read_text())
+
+
+def test_a_running_rank_with_its_newest_log_lines(dockerd, socket_path, tmp_path):
+    dockerd.add_container(
+        "llamafactory-demo", inspect("running"), (FIXTURES / "logs-killed.multiplexed").read_bytes()
+    )
+    result = run_module(tmp_path, name="llamafactory-demo", tail=5, docker_socket=socket_path)
+    assert not result.get("failed"), result
+    assert result["changed"] is False
+    assert result["container"]["state"] == "running"
+    assert result["container"] == job.container_state(inspect("running"))
+    expected, newest = job.parse_logs("", (FIXTURES / "logs-killed.stderr").read_text())
+    assert result["log_lines"] == expected[-5:]
+    assert result["last_output_at"] == newest
+    calls = [(m, p) for m, p, _q, _h, _b in dockerd.requests]
+    assert calls == [
+        ("GET", "/containers/llamafactory-demo/json"),
+        ("GET", "/containers/llamafactory-demo/logs"),
+    ]
+    assert dockerd.requests[1][2]["tail"] == "5"
+
+
+def test_stop_stops_a_running_rank_once(dockerd, socket_path, tmp_path):
+    dockerd.add_container("llamafactory-demo", inspect("running"))
+    args = dict(name="llamafactory-demo", stop=True, stop_timeout=3, docker_socket=socket_path)
+    first = run_module(tmp_path, **args)
+    assert first["changed"] is True
+    assert (first["container"]["state"], first["container"]["exit_code"]) == ("exited", 143)
+    stops = [r for r in dockerd.requests if r[1].endswith("/stop")]
+    assert [(r[0], r[2]) for r in stops] == [("POST", {"t": "3"})]
+    again = run_module(tmp_path, **args)
+    assert again["changed"] is False
+    assert len([r for r in dockerd.requests if r[1].endswith("/stop")]) == 1
+
+
+def test_stop_in_check_mode_reports_without_stopping(dockerd, socket_path, tmp_path):
+    dockerd.add_container("llamafactory-demo", inspect("running"))
+    result = run_module(
+        tmp_path,
+        name="llamafactory-demo",
+        stop=True,
+        docker_socket=socket_path,
+        _ansible_check_mode=True,
+    )
+    assert result["changed"] is True
+    assert result["container"]["state"] == "running"
+    assert not [r for r in dockerd.requests if r[1].endswith("/stop")]
+
+
+def test_a_missing_container(dockerd, socket_path, tmp_path):
+    result = run_module(tmp_path, name="llamafactory-other", docker_socket=socket_path)
+    assert result["container"] == {"state": "missing"}
+    assert result["log_lines"] == [] and result["last_output_at"] is None
+    assert len(dockerd.requests) == 1  # no logs asked of a missing container
+
+
+def test_no_daemon_fails_saying_so(tmp_path):
+    result = run_module(tmp_path, name="x", docker_socket=str(tmp_path / "docker.sock"))
+    assert result["failed"] is True
+    assert result["msg"].startswith("cannot query container x: there is no Docker daemon socket")

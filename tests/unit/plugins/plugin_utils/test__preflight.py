@@ -1,4 +1,4 @@
-"""The preflight's verdict (plugins/module_utils/preflight.py) over probe reports captured on the
+"""The preflight's verdict (plugins/plugin_utils/_preflight.py) over probe reports captured on the
 local cluster (tests/unit/fixtures/preflight, made by its capture.py): healthy, a port range
 dropped on vm1, bridge networking, and the external NIC chosen instead of the VPC's."""
 
