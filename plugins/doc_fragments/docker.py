@@ -24,8 +24,8 @@ options:
   docker_timeout:
     description:
       - Seconds one Engine API call may wait for the daemon (connecting, and each read of its
-        answer). A stop allows the daemon O(stop_timeout) seconds more where there is one; a
-        pull's stream is bounded by its own deadline instead.
+        answer). Stopping a container waits its grace period on top of this; a pull's stream is
+        bounded by the pull's own deadline instead.
     type: int
     default: 60
 notes:

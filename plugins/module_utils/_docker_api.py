@@ -326,8 +326,7 @@ class DockerAPI(object):
         headers = {"X-Registry-Auth": registry_auth} if registry_auth else {}
         query = {"fromImage": repository, "tag": tag}
         try:
-            for event in self.stream_json("POST", "/images/create", query, None, headers, timeout):
-                yield event
+            yield from self.stream_json("POST", "/images/create", query, None, headers, timeout)
         except DockerError as exc:
             if exc.status is None:
                 raise

@@ -39,7 +39,7 @@ def test_a_blocked_port_gives_findings_and_a_message():
 def test_positional_options_are_refused():
     reports, options = captured("healthy")
     with pytest.raises(TypeError):
-        preflight_findings(
+        preflight_findings(  # pylint: disable=missing-kwoa
             reports,
             options["nodes"],
             options["master_addr"],

@@ -29,7 +29,9 @@ def test_a_worker_probes_the_peers_high_port_and_the_master_port():
 
 def test_positional_options_are_refused():
     with pytest.raises(TypeError):
-        preflight_targets("vm1", ["vm0", "vm1"], FACTS, "vm0", "10.0.0.2", 29500, 49500)
+        preflight_targets(  # pylint: disable=missing-kwoa
+            "vm1", ["vm0", "vm1"], FACTS, "vm0", "10.0.0.2", 29500, 49500
+        )
 
 
 def test_the_call_sites_name_every_option(call_sites):

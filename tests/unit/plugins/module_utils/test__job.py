@@ -4,6 +4,8 @@ finished, killed and failed ranks, their timestamped logs, the checkpoint folder
 and the tail of LLaMA-Factory's trainer_log.jsonl.
 """
 
+from __future__ import annotations
+
 import calendar
 import copy
 import json
