@@ -1,7 +1,7 @@
 """Write the README's troubleshooting table from the diagnosis table (or --check it is current).
 
 The table lives between two markers in README.md; each row is one signature of
-plugins/module_utils/diagnosis.py: its example log line, and the cause and fix the diagnosis
+plugins/plugin_utils/_diagnosis.py: its example log line, and the cause and fix the diagnosis
 gives for that line.
 
 Usage: python tools/troubleshooting.py [--check]
@@ -24,7 +24,9 @@ def _cell(text: str) -> str:
 
 def render() -> str:
     sys.path.insert(0, str(ROOT / ".cache" / "collections"))
-    from ansible_collections.hostnet.llamafactory.plugins.module_utils import diagnosis
+    from ansible_collections.hostnet.llamafactory.plugins.plugin_utils import (
+        _diagnosis as diagnosis,
+    )
 
     rows = ["| error (as logged) | cause | fix |", "|---|---|---|"]
     for signature in diagnosis.SIGNATURES:

@@ -15,7 +15,7 @@ import time
 
 from ansible.plugins.action import ActionBase
 from ansible.utils.display import Display
-from ansible_collections.hostnet.llamafactory.plugins.module_utils import image_pull as pull
+from ansible_collections.hostnet.llamafactory.plugins.plugin_utils import _pull_report as pull
 
 display = Display()
 
@@ -29,6 +29,7 @@ ARGUMENT_SPEC = dict(
     interval=dict(type="float", default=2.0),
     progress_every=dict(type="float", default=30.0),
     docker_socket=dict(type="path", default="/var/run/docker.sock"),
+    docker_timeout=dict(type="int", default=60),
 )
 
 
@@ -49,7 +50,7 @@ class ActionModule(ActionBase):
             return self._finish(result, started)
         begun = time.time()
         display.display(
-            "[%s] pulling %s (launch_pull_timeout %d s, credentials: %s)"
+            "[%s] pulling %s (llamafactory_pull_timeout %d s, credentials: %s)"
             % (host, name, args["timeout"], started.get("credentials", "as before"))
         )
         shown_at, last = begun, (begun, 0)
@@ -74,8 +75,9 @@ class ActionModule(ActionBase):
                     failed=True,
                     state="timed_out",
                     progress=snapshot,
-                    msg="the pull of %s did not finish within launch_pull_timeout (%d s): %s. "
-                    "Raise launch_pull_timeout for large images on slow links, or check the "
+                    msg="the pull of %s did not finish within llamafactory_pull_timeout (%d s): "
+                    "%s. "
+                    "Raise llamafactory_pull_timeout for large images on slow links, or check the "
                     "node's path to the registry; the pull was cancelled."
                     % (name, args["timeout"], pull.describe(snapshot)),
                 )
@@ -92,7 +94,15 @@ class ActionModule(ActionBase):
     def _call(self, args, phase):
         module_args = dict(
             (key, args[key])
-            for key in ("name", "pull", "username", "password", "timeout", "docker_socket")
+            for key in (
+                "name",
+                "pull",
+                "username",
+                "password",
+                "timeout",
+                "docker_socket",
+                "docker_timeout",
+            )
             if args.get(key) is not None
         )
         module_args["phase"] = phase

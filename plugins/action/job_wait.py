@@ -22,7 +22,8 @@ import time
 from ansible import constants as C
 from ansible.plugins.action import ActionBase
 from ansible.utils.display import Display
-from ansible_collections.hostnet.llamafactory.plugins.module_utils import diagnosis, job
+from ansible_collections.hostnet.llamafactory.plugins.plugin_utils import _diagnosis as diagnosis
+from ansible_collections.hostnet.llamafactory.plugins.plugin_utils import _job_state as job
 
 display = Display()
 
@@ -41,6 +42,8 @@ ARGUMENT_SPEC = dict(
     progress_every=dict(type="float", default=30.0),
     stop_timeout=dict(type="int", default=10),
     tail=dict(type="int", default=40),
+    docker_socket=dict(type="path", default="/var/run/docker.sock"),
+    docker_timeout=dict(type="int", default=60),
 )
 
 
@@ -121,6 +124,8 @@ class ActionModule(ActionBase):
                 tail=tail or args["tail"],
                 stop=stop,
                 stop_timeout=args["stop_timeout"],
+                docker_socket=args["docker_socket"],
+                docker_timeout=args["docker_timeout"],
             ),
             task_vars=self._task_vars,
         )

@@ -11,7 +11,7 @@ name: diagnose
 short_description: Known multi-node failures found in NCCL, Gloo, torchrun and LLaMA-Factory logs
 version_added: 0.1.0
 description:
-  - Applies the collection's table of error signatures (plugins/module_utils/diagnosis.py) to
+  - Applies the collection's table of error signatures (plugins/plugin_utils/_diagnosis.py) to
     logs and returns each failure found with its cause and fix - the Docker-bridge address of the
     motivating report, a missing or wrong interface, Gloo on loopback, an unreachable rendezvous,
     blocked ports, two nodes at one node rank.
@@ -36,7 +36,7 @@ _value:
   elements: dict
 """
 
-from ansible_collections.hostnet.llamafactory.plugins.module_utils.diagnosis import diagnose
+from ansible_collections.hostnet.llamafactory.plugins.plugin_utils._diagnosis import diagnose
 
 
 class FilterModule(object):

@@ -13,6 +13,7 @@ version_added: 0.1.0
 description:
   - Joins the preflight's findings (M(hostnet.llamafactory.preflight_findings)), a smoke test's
     failure or result and the diagnosis of a job's logs (M(hostnet.llamafactory.diagnose)).
+  - Every option but the input is given by name.
 options:
   _input:
     description: The preflight's findings.
@@ -50,14 +51,25 @@ _value:
   type: dict
 """
 
-from ansible_collections.hostnet.llamafactory.plugins.module_utils import preflight
+from ansible_collections.hostnet.llamafactory.plugins.plugin_utils import _preflight as preflight
 
 
 def doctor_report(
-    probe_findings, log_findings=None, smoke_failure=None, smoke=None, running=False, container=""
+    probe_findings,
+    *,
+    log_findings=None,
+    smoke_failure=None,
+    smoke=None,
+    running=False,
+    container="",
 ):
     return preflight.doctor_report(
-        probe_findings, log_findings, smoke_failure, smoke, running, container
+        probe_findings,
+        log_findings,
+        smoke_failure=smoke_failure,
+        smoke=smoke,
+        running=running,
+        container=container,
     )
 
 

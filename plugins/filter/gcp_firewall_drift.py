@@ -62,7 +62,7 @@ _value:
       elements: str
 """
 
-from ansible_collections.hostnet.llamafactory.plugins.module_utils.gcp_firewall import drift
+from ansible_collections.hostnet.llamafactory.plugins.plugin_utils._gcp_firewall import drift
 
 
 def gcp_firewall_drift(planned, resources):

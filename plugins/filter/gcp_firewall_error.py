@@ -43,7 +43,7 @@ _value:
   type: str
 """
 
-from ansible_collections.hostnet.llamafactory.plugins.module_utils.gcp_firewall import explain
+from ansible_collections.hostnet.llamafactory.plugins.plugin_utils._gcp_firewall import explain
 
 
 def gcp_firewall_error(result, context):

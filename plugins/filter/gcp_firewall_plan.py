@@ -62,7 +62,7 @@ _value:
 """
 
 from ansible.errors import AnsibleFilterError
-from ansible_collections.hostnet.llamafactory.plugins.module_utils.gcp_firewall import (
+from ansible_collections.hostnet.llamafactory.plugins.plugin_utils._gcp_firewall import (
     FirewallError,
     plan,
 )

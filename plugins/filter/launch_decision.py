@@ -15,6 +15,7 @@ description:
     (same digest) runs or finished successfully on every rank, V(refuse) when another version of
     the job runs or finished and O(restart_allowed) is false, else V(launch), stopping the ranks
     that still run, resuming from the newest checkpoint that every rank holds.
+  - Every option but the input is given by name.
 options:
   _input:
     description: Host name to its job_status report plus C(rank) and C(wanted) (its digest).
@@ -46,10 +47,10 @@ _value:
   type: dict
 """
 
-from ansible_collections.hostnet.llamafactory.plugins.module_utils.job import decide_launch
+from ansible_collections.hostnet.llamafactory.plugins.plugin_utils._job_state import decide_launch
 
 
-def launch_decision(reports, digest=None, restart_allowed=False, job=""):
+def launch_decision(reports, *, digest=None, restart_allowed=False, job=""):
     return decide_launch(
         reports,
         digest,

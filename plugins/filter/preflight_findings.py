@@ -17,6 +17,7 @@ description:
     or a peer's high port unreachable (firewall, route, wrong NIC), a different node answering,
     MTUs that differ between the nodes, too little free disk, a GPU count other than
     llamafactory_gpus_per_node, a probe that could not run.
+  - Every option but the input is given by name.
 options:
   _input:
     description: Host name to C(report) (the probe's JSON) or C(error) (why there is none).
@@ -72,11 +73,12 @@ _value:
   type: dict
 """
 
-from ansible_collections.hostnet.llamafactory.plugins.module_utils import preflight
+from ansible_collections.hostnet.llamafactory.plugins.plugin_utils import _preflight as preflight
 
 
 def preflight_findings(
     reports,
+    *,
     nodes,
     master_addr,
     master_port,

@@ -13,6 +13,7 @@ version_added: 0.1.0
 description:
   - Every other node's training address (its discovered primary NIC) on the probe's high port,
     and MASTER_ADDR:MASTER_PORT unless the node is the master.
+  - Every option but the input is given by name.
 options:
   _input:
     description: This node's inventory name.
@@ -49,8 +50,9 @@ EXAMPLES = r"""
 - name: Targets
   ansible.builtin.set_fact:
     targets: >-
-      {{ inventory_hostname | hostnet.llamafactory.preflight_targets(ansible_play_hosts, facts,
-         'vm0', '10.0.0.2', 29500, 49500) }}
+      {{ inventory_hostname | hostnet.llamafactory.preflight_targets(hosts=ansible_play_hosts,
+         facts=facts, master='vm0', master_addr='10.0.0.2', master_port=29500,
+         probe_port=49500) }}
 """
 
 RETURN = r"""
@@ -60,11 +62,19 @@ _value:
   elements: dict
 """
 
-from ansible_collections.hostnet.llamafactory.plugins.module_utils import preflight
+from ansible_collections.hostnet.llamafactory.plugins.plugin_utils import _preflight as preflight
 
 
-def preflight_targets(me, hosts, facts, master, master_addr, master_port, probe_port):
-    return preflight.targets(me, hosts, facts, master, master_addr, master_port, probe_port)
+def preflight_targets(me, *, hosts, facts, master, master_addr, master_port, probe_port):
+    return preflight.targets(
+        me,
+        hosts=hosts,
+        facts=facts,
+        master=master,
+        master_addr=master_addr,
+        master_port=master_port,
+        probe_port=probe_port,
+    )
 
 
 class FilterModule(object):

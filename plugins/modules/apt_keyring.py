@@ -51,6 +51,10 @@ attributes:
   diff_mode:
     support: full
     description: Shows the fingerprints before and after.
+  idempotent:
+    support: full
+    description: A keyring that already holds the key with the expected fingerprints is left as
+      it is.
 """
 
 EXAMPLES = r"""
@@ -72,6 +76,7 @@ dest:
   description: The keyring file.
   returned: success
   type: str
+  sample: /etc/apt/keyrings/nvidia-container-toolkit.gpg
 """
 
 import os
@@ -80,7 +85,7 @@ import tempfile
 
 from ansible.module_utils.basic import AnsibleModule
 from ansible.module_utils.urls import fetch_url
-from ansible_collections.hostnet.llamafactory.plugins.module_utils.keyring import (
+from ansible_collections.hostnet.llamafactory.plugins.module_utils._keyring import (
     KeyringError,
     check,
     is_armored,

@@ -26,6 +26,12 @@ description:
   - Why not C(community.docker.docker_image_pull) - it blocks until the pull ends and reports
     nothing before; a multi-GB pull over a slow link then looks like a hang, and a deadline is
     only possible with C(async), which cannot say how far the pull got.
+  - Why not community.docker's API client either - its module_utils (C(plugins/module_utils/_api))
+    are private to that collection in its current releases and need the Python package
+    C(requests) on the node; the pull runs in a process detached from the module, folding the
+    daemon's event stream into a progress record, and needs only the standard library. The
+    collection's own client (C(plugins/module_utils/_docker_api.py), shared with
+    M(hostnet.llamafactory.job_status)) talks to the daemon's socket directly.
   - The module itself runs in three phases (O(phase)); use the action, which drives them.
 author:
   - hostnet.llamafactory contributors (@hostnet)
@@ -55,10 +61,6 @@ options:
     description: Seconds between two looks at the pull's progress (action only).
     type: float
     default: 2
-  progress_every:
-    description: Seconds between two progress lines (action only).
-    type: float
-    default: 30
   phase:
     description:
       - Internal, set by the action. V(start) starts the pull in the background (or finds the
@@ -67,10 +69,9 @@ options:
     type: str
     choices: [start, poll, cancel]
     default: start
-  docker_socket:
-    description: The Docker daemon's socket on the node.
-    type: path
-    default: /var/run/docker.sock
+extends_documentation_fragment:
+  - hostnet.llamafactory.docker
+  - hostnet.llamafactory.docker.progress
 attributes:
   check_mode:
     support: full
@@ -78,6 +79,10 @@ attributes:
   diff_mode:
     support: none
     description: Reports no diff.
+  idempotent:
+    support: full
+    description: With O(pull=not_present) a second run finds the image and changes nothing; with
+      O(pull=always) it asks the registry again and reports a change only when the image changed.
   action:
     support: full
     description: Runs through the action plugin of the same name.
@@ -103,11 +108,12 @@ image_id:
   description: The image's ID on the node after the pull.
   returned: success
   type: str
-  sample: sha256:3f1b...
+  sample: sha256:3f1b2c0d9e8a7f6b5c4d3e2f1a0b9c8d7e6f5a4b3c2d1e0f9a8b7c6d5e4f3a2b
 state:
   description: V(present) (nothing to pull), V(pulled), or while running V(pulling).
   returned: always
   type: str
+  sample: pulled
 progress:
   description: Bytes downloaded and known, layers done and seen, at the end of the pull.
   returned: when pulled
@@ -117,6 +123,7 @@ elapsed:
   description: Seconds the pull took.
   returned: when pulled
   type: float
+  sample: 55.2
 credentials:
   description: Where the credentials came from (module arguments, the node's docker config,
     anonymous); never the credentials themselves.
@@ -134,7 +141,11 @@ import tempfile
 import time
 
 from ansible.module_utils.basic import AnsibleModule
-from ansible_collections.hostnet.llamafactory.plugins.module_utils import image_pull as pull
+from ansible_collections.hostnet.llamafactory.plugins.module_utils import _image_pull as pull
+from ansible_collections.hostnet.llamafactory.plugins.module_utils._docker_api import (
+    DockerAPI,
+    DockerError,
+)
 
 RECORDS = "/run/hostnet-llamafactory/pulls"
 GRACE_S = 60
@@ -187,7 +198,7 @@ def node_auth(params, registry):
     return pull.config_auth(config, registry, pull.credential_helper)
 
 
-def work(path, record, socket_path, auth):
+def work(path, record, docker, auth):
     """The background pull: folds the event stream into the record, rewritten twice a second."""
     progress = pull.PullProgress()
     deadline = record["deadline"]
@@ -195,11 +206,10 @@ def work(path, record, socket_path, auth):
     write_record(path, record)
     written = 0.0
     try:
-        docker = pull.DockerSocket(socket_path)
         # The action cancels the pull at the deadline; this margin only ends a pull whose
         # controller went away (the daemon cancels a pull whose client disconnects).
         limit = deadline + GRACE_S
-        events = docker.pull(record["image"], auth, read_timeout=max(1.0, limit - time.time()))
+        events = pull.pull(docker, record["image"], auth, max(1.0, limit - time.time()))
         for event in events:
             progress.feed(event)
             now = time.time()
@@ -250,14 +260,11 @@ def spawn(function):
 def start(module, params):
     name = params["name"]
     registry = pull.split_reference(name)[0]
-    docker = pull.DockerSocket(params["docker_socket"])
+    docker = DockerAPI(params["docker_socket"], params["docker_timeout"])
     try:
         before = docker.image_id(name)
-    except (IOError, OSError) as exc:
-        module.fail_json(
-            msg="cannot ask the Docker daemon at %s about %s: %s (is Docker running? the "
-            "docker_engine role installs it)" % (params["docker_socket"], name, exc)
-        )
+    except DockerError as exc:
+        module.fail_json(msg="cannot ask the Docker daemon about %s: %s" % (name, exc))
     if before and params["pull"] == "not_present":
         module.exit_json(changed=False, state="present", image_id=before)
     if module.check_mode:
@@ -288,7 +295,7 @@ def start(module, params):
         progress={},
     )
     write_record(path, record)
-    pid = spawn(lambda: work(path, record, params["docker_socket"], auth))
+    pid = spawn(lambda: work(path, record, docker, auth))
     module.exit_json(changed=False, state="pulling", record=path, pid=pid, credentials=source)
 
 
@@ -333,6 +340,7 @@ def main():
             progress_every=dict(type="float", default=30),
             phase=dict(type="str", choices=["start", "poll", "cancel"], default="start"),
             docker_socket=dict(type="path", default="/var/run/docker.sock"),
+            docker_timeout=dict(type="int", default=60),
         ),
         required_by={"password": "username"},
         supports_check_mode=True,

@@ -21,7 +21,13 @@ description:
   - Why not C(community.docker.docker_container_info) - it returns neither the logs nor the
     training progress and checkpoints; the wait step polls every rank every few seconds and needs
     all of it in one round trip.
-  - Uses the C(docker) command on the node.
+  - Why not community.docker's API client - its module_utils (C(plugins/module_utils/_api)) are
+    private to that collection in its current releases and need the Python package C(requests)
+    on the node. This module needs a container's inspect, its newest log lines with their
+    timestamps (the Engine API's multiplexed log stream, decoded here), and a stop with a grace
+    period, all with the standard library; the collection's own client
+    (C(plugins/module_utils/_docker_api.py), shared with M(hostnet.llamafactory.image_pull)) talks
+    to the daemon's socket directly. No C(docker) command is run.
 author:
   - hostnet.llamafactory contributors (@hostnet)
 options:
@@ -40,14 +46,9 @@ options:
     description: Stop the container (if it runs) before reporting.
     type: bool
     default: false
-  stop_timeout:
-    description: Seconds between SIGTERM and SIGKILL when stopping.
-    type: int
-    default: 10
-  docker:
-    description: The docker command.
-    type: str
-    default: docker
+extends_documentation_fragment:
+  - hostnet.llamafactory.docker
+  - hostnet.llamafactory.docker.stop
 attributes:
   check_mode:
     support: full
@@ -56,6 +57,10 @@ attributes:
   diff_mode:
     support: none
     description: Reports no diff.
+  idempotent:
+    support: full
+    description: Only reports, unless O(stop=true); a second stop finds the container stopped
+      and changes nothing.
 """
 
 EXAMPLES = r"""
@@ -83,44 +88,43 @@ log_lines:
   returned: always
   type: list
   elements: str
+  sample: ["[INFO|trainer.py:2519] Running training", "{'loss': 5.0409, 'epoch': 0.25}"]
 last_output_at:
   description: Epoch seconds of the newest log line (null when none).
   returned: always
   type: float
+  sample: 1796024735.168598
 progress:
   description: The newest C(trainer_log.jsonl) record - step, total, loss, percentage (null
     before the first logged step).
   returned: always
   type: dict
+  sample: {step: 400, total: 4000, loss: 5.04, percentage: 10.0}
 checkpoints:
   description: Steps of the complete checkpoints on this node (trainer state and, with
     DeepSpeed, the shard folder), ascending.
   returned: always
   type: list
   elements: int
+  sample: [10, 20]
 now:
   description: The node's clock, epoch seconds.
   returned: always
   type: float
+  sample: 1796024741.52
 """
 
-import json
 import os
 import time
 
 from ansible.module_utils.basic import AnsibleModule
-from ansible_collections.hostnet.llamafactory.plugins.module_utils import job
+from ansible_collections.hostnet.llamafactory.plugins.module_utils import _job as job
+from ansible_collections.hostnet.llamafactory.plugins.module_utils._docker_api import (
+    DockerAPI,
+    DockerError,
+)
 
 TRAINER_LOG_TAIL_BYTES = 16384
-
-
-def inspect(module, docker, name):
-    rc, out, err = module.run_command([docker, "inspect", "--type", "container", name])
-    if rc != 0:
-        if "no such" in err.lower():
-            return None
-        module.fail_json(msg="docker inspect %s failed: %s" % (name, err.strip() or out.strip()))
-    return json.loads(out)[0]
 
 
 def trainer_log_tail(output_dir, since=None):
@@ -156,6 +160,30 @@ def checkpoint_listing(output_dir):
     return listing
 
 
+def query(docker, params, check_mode):
+    """The container's inspect (None when absent), its log text (stdout, stderr) and whether it
+    was stopped. Raises DockerError."""
+    name = params["name"]
+    raw = docker.inspect_container(name)
+    stopped = False
+    if params["stop"] and raw and (raw.get("State") or {}).get("Running"):
+        stopped = True
+        if not check_mode:
+            docker.stop_container(name, params["stop_timeout"])
+            raw = docker.inspect_container(name)
+    logs = ("", "")
+    if raw:
+        tty = bool((raw.get("Config") or {}).get("Tty"))
+        try:
+            logs = docker.container_logs(name, tail=params["tail"], timestamps=True, tty=tty)
+        except DockerError as exc:
+            # A logging driver without read support (syslog, gelf...) or a container removed
+            # between the calls: the state still counts.
+            if exc.status is None:
+                raise
+    return raw, logs, stopped
+
+
 def main():
     module = AnsibleModule(
         argument_spec=dict(
@@ -164,31 +192,19 @@ def main():
             tail=dict(type="int", default=40),
             stop=dict(type="bool", default=False),
             stop_timeout=dict(type="int", default=10),
-            docker=dict(type="str", default="docker"),
+            docker_socket=dict(type="path", default="/var/run/docker.sock"),
+            docker_timeout=dict(type="int", default=60),
         ),
         supports_check_mode=True,
     )
     params = module.params
-    docker = module.get_bin_path(params["docker"], required=True)
-    raw = inspect(module, docker, params["name"])
-    changed = False
-    if params["stop"] and raw and raw["State"].get("Running"):
-        changed = True
-        if not module.check_mode:
-            rc, _out, err = module.run_command(
-                [docker, "stop", "-t", str(params["stop_timeout"]), params["name"]]
-            )
-            if rc != 0:
-                module.fail_json(msg="docker stop %s failed: %s" % (params["name"], err.strip()))
-            raw = inspect(module, docker, params["name"])
+    docker = DockerAPI(params["docker_socket"], params["docker_timeout"])
+    try:
+        raw, logs, changed = query(docker, params, module.check_mode)
+    except DockerError as exc:
+        module.fail_json(msg="cannot query container %s: %s" % (params["name"], exc))
     result = dict(changed=changed, container=job.container_state(raw), now=time.time())
-    lines, last = [], None
-    if raw:
-        rc, out, err = module.run_command(
-            [docker, "logs", "--timestamps", "--tail", str(params["tail"]), params["name"]]
-        )
-        if rc == 0:
-            lines, last = job.parse_logs(out, err)
+    lines, last = job.parse_logs(*logs)
     result.update(log_lines=lines[-params["tail"] :], last_output_at=last)
     output_dir = params["output_dir"]
     started = result["container"].get("started_at")

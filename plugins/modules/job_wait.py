@@ -59,18 +59,14 @@ options:
     description: Seconds between polls.
     type: float
     default: 10.0
-  progress_every:
-    description: Longest time between two progress lines, in seconds.
-    type: float
-    default: 30.0
-  stop_timeout:
-    description: Seconds between SIGTERM and SIGKILL when stopping a rank.
-    type: int
-    default: 10
   tail:
     description: Log lines kept per rank for the failure message.
     type: int
     default: 40
+extends_documentation_fragment:
+  - hostnet.llamafactory.docker
+  - hostnet.llamafactory.docker.progress
+  - hostnet.llamafactory.docker.stop
 attributes:
   check_mode:
     support: none
@@ -82,6 +78,11 @@ attributes:
     support: full
     description: Runs on the controller as an action plugin, querying each node through its
       own connection.
+  idempotent:
+    support: partial
+    description: Waiting changes nothing while the job runs or when it finished; when a rank
+      fails every other rank is stopped (reported as changed), so a second run finds them
+      stopped and fails again without changing anything.
 """
 
 EXAMPLES = r"""
@@ -99,17 +100,32 @@ state:
   description: V(finished), V(failed), V(stalled) or V(running) (at the timeout).
   returned: always
   type: str
+  sample: finished
 progress:
   description: The newest training progress (step, total, loss, percentage).
   returned: always
   type: dict
+  sample: {step: 4000, total: 4000, loss: 1.2873, percentage: 100.0}
 elapsed:
   description: Seconds waited.
   returned: success
   type: float
+  sample: 1520.4
+line:
+  description: The last progress line (step, loss, each rank's state).
+  returned: success
+  type: str
+  sample: "step 4000/4000 loss 1.2873 | rank 0 exited with code 0, rank 1 exited with code 0"
+checkpoints:
+  description: Steps of the complete checkpoints on this node when the job finished.
+  returned: success
+  type: list
+  elements: int
+  sample: [2000, 4000]
 failed_ranks:
   description: The ranks that failed, the first failing one first.
   returned: failure
   type: list
   elements: int
+  sample: [1, 0]
 """

@@ -85,6 +85,9 @@ attributes:
   diff_mode:
     support: none
     description: Changes nothing, so there is no diff.
+  idempotent:
+    support: full
+    description: Read-only; a second run reports the same NIC when the network did not change.
   facts:
     support: full
     description: Sets the fact C(primary_nic) to the module's result (unless O(fact=false)).
@@ -161,6 +164,7 @@ private:
   description: Whether the address is private (RFC 1918, 100.64.0.0/10 or 198.18.0.0/15).
   returned: success
   type: bool
+  sample: true
 default_route_interface:
   description: The interface of the IPv4 default route (what C(ansible_default_ipv4) shows).
   returned: success
@@ -170,15 +174,18 @@ gce:
   description: Whether the host is a GCE VM (by DMI product name).
   returned: success
   type: bool
+  sample: true
 metadata:
   description:
     - What the metadata server said of nic0 (C(ip), C(mac)) or C(error); null when not asked.
   returned: success
   type: dict
+  sample: {ip: 10.128.0.5, mac: "42:01:0a:80:00:05"}
 peer:
   description: The peer address that was routed, after name resolution.
   returned: success
   type: str
+  sample: 10.128.0.6
 candidates:
   description:
     - Every interface, with its IPv4 addresses and why it was not chosen (null for the chosen one).
@@ -194,6 +201,7 @@ infiniband:
   returned: success
   type: list
   elements: str
+  sample: [mlx5_0]
 nccl_env:
   description: Environment for the training processes.
   returned: success
@@ -204,15 +212,16 @@ warnings_found:
   returned: success
   type: list
   elements: str
+  sample: ["the default route uses ens5, GCE metadata names ens4 as nic0; using ens4"]
 """
 
 from ansible.module_utils.basic import AnsibleModule
-from ansible_collections.hostnet.llamafactory.plugins.module_utils.nic import (
+from ansible_collections.hostnet.llamafactory.plugins.module_utils._nic import (
     DEFAULT_EXCLUDE,
     NicError,
     choose,
 )
-from ansible_collections.hostnet.llamafactory.plugins.module_utils.nic_host import gather
+from ansible_collections.hostnet.llamafactory.plugins.module_utils._nic_host import gather
 
 
 def main():

@@ -102,7 +102,9 @@ def test_an_address_this_machine_lacks_fails_at_once(listener):
 def test_a_taken_port_ends_the_listener_and_is_named(listener):
     """A second listener on the same port (what a running job's MASTER_PORT does to the
     preflight's) exits at once; its last lines make the finding."""
-    from ansible_collections.hostnet.llamafactory.plugins.module_utils import preflight
+    from ansible_collections.hostnet.llamafactory.plugins.plugin_utils import (
+        _preflight as preflight,
+    )
 
     done = subprocess.run(
         [sys.executable, str(PROBE), "listen", "--seconds", "5", "--ports", str(listener)],

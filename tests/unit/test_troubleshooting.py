@@ -4,7 +4,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-from ansible_collections.hostnet.llamafactory.plugins.module_utils.diagnosis import (
+from ansible_collections.hostnet.llamafactory.plugins.plugin_utils._diagnosis import (
     SIGNATURES,
     diagnose,
 )

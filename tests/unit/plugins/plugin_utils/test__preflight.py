@@ -1,4 +1,4 @@
-"""The preflight's verdict (plugins/module_utils/preflight.py) over probe reports captured on the
+"""The preflight's verdict (plugins/plugin_utils/_preflight.py) over probe reports captured on the
 local cluster (tests/unit/fixtures/preflight, made by its capture.py): healthy, a port range
 dropped on vm1, bridge networking, and the external NIC chosen instead of the VPC's."""
 
@@ -7,9 +7,9 @@ import json
 from pathlib import Path
 
 import pytest
-from ansible_collections.hostnet.llamafactory.plugins.module_utils import preflight
+from ansible_collections.hostnet.llamafactory.plugins.plugin_utils import _preflight as preflight
 
-FIXTURES = Path(__file__).parent / "fixtures" / "preflight"
+FIXTURES = Path(__file__).resolve().parents[2] / "fixtures" / "preflight"
 
 
 def case(name):

@@ -43,7 +43,7 @@ IMMUTABLE_FIELDS = ("network", "direction")
 IAM_HINT = (
     "Grant the identity roles/compute.securityAdmin on the project (or a role with "
     "compute.firewalls.create, get, list, update, delete, compute.networks.updatePolicy and "
-    "compute.globalOperations.get), or use other credentials (gcp_firewall_auth_kind)."
+    "compute.globalOperations.get), or use other credentials (llamafactory_gcp_auth_kind)."
 )
 
 
@@ -175,12 +175,14 @@ def plan(settings):
     project = str(settings.get("project") or "").strip()
     if not project:
         raise FirewallError(
-            "gcp_firewall_project is not set: set it to the ID of the GCP project that holds the "
+            "llamafactory_gcp_project is not set: set it to the ID of the GCP project that holds "
+            "the "
             "VMs' VPC network (the host project for a shared VPC), or export GCP_PROJECT"
         )
     if not PROJECT_RE.match(project):
         raise FirewallError(
-            "gcp_firewall_project is %r, which is not a GCP project ID (6 to 30 lowercase letters, "
+            "llamafactory_gcp_project is %r, which is not a GCP project ID (6 to 30 lowercase "
+            "letters, "
             "digits and hyphens; the ID, not the project's name or number)" % project
         )
     result = {
@@ -528,7 +530,8 @@ def explain(result, context):
         ):
             return (
                 "The Compute Engine API is not enabled in project %s (Google: %s). Enable "
-                "compute.googleapis.com there, or check gcp_firewall_project." % (project, message)
+                "compute.googleapis.com there, or check llamafactory_gcp_project."
+                % (project, message)
             )
         if code == 403:
             found = re.search(r"Required '([\w.]+)' permission", message)
@@ -539,7 +542,8 @@ def explain(result, context):
                 else permission_for(request.get("method"), request.get("url"))
             )
             return (
-                "Permission denied: the credentials (gcp_firewall_auth_kind=%s) lack %s in project "
+                "Permission denied: the credentials (llamafactory_gcp_auth_kind=%s) lack %s in "
+                "project "
                 "%s, needed for %s %s (Google: %s). %s"
                 % (context.get("auth_kind"), permission, project, doing, rule, message, IAM_HINT)
             )
@@ -548,7 +552,8 @@ def explain(result, context):
             resource = found.group(1) if found else ""
             if re.match(r"^projects/[^/]+$", resource):
                 return (
-                    "Project %s was not found (Google: %s). Set gcp_firewall_project to the ID of "
+                    "Project %s was not found (Google: %s). Set llamafactory_gcp_project to the "
+                    "ID of "
                     "an existing project that the credentials can see."
                     % (resource.split("/")[1], message)
                 )
@@ -567,7 +572,8 @@ def explain(result, context):
             )
         if code == 401:
             return (
-                "Compute Engine rejected the credentials (gcp_firewall_auth_kind=%s): %s. Renew "
+                "Compute Engine rejected the credentials (llamafactory_gcp_auth_kind=%s): %s. "
+                "Renew "
                 "the access token or check the credentials." % (context.get("auth_kind"), message)
             )
         if code == 400:
@@ -578,8 +584,8 @@ def explain(result, context):
         # gcp_compute_firewall_info crashes when its list call answers 404: no such project.
         return (
             "Project %s was not found: listing its firewall rules answered 404. Set "
-            "gcp_firewall_project to the ID of an existing project that the credentials can see."
-            % project
+            "llamafactory_gcp_project to the ID of an existing project that the credentials can "
+            "see." % project
         )
     if "install the google-auth library" in both or "install the requests library" in both:
         return (
@@ -590,18 +596,20 @@ def explain(result, context):
     if "DefaultCredentialsError" in both or "default credentials were not found" in both:
         return (
             "No application default credentials on the controller: run gcloud auth "
-            "application-default login, or set gcp_firewall_auth_kind to serviceaccount (with "
-            "gcp_firewall_service_account_file) or accesstoken (with gcp_firewall_access_token)."
+            "application-default login, or set llamafactory_gcp_auth_kind to serviceaccount (with "
+            "llamafactory_gcp_service_account_file) or accesstoken (with "
+            "llamafactory_gcp_access_token)."
         )
     if "necessary fields need to refresh the access token" in both or "RefreshError" in both:
         # google-auth got 401 and cannot refresh: an expired or wrong token, revoked credentials
         return (
-            "Compute Engine rejected the credentials (gcp_firewall_auth_kind=%s) and they cannot "
-            "be refreshed: renew gcp_firewall_access_token (gcloud auth print-access-token) or "
+            "Compute Engine rejected the credentials (llamafactory_gcp_auth_kind=%s) and they "
+            "cannot "
+            "be refreshed: renew llamafactory_gcp_access_token (gcloud auth print-access-token) or "
             "check the credentials. %s" % (context.get("auth_kind"), text)
         )
     if "Unable to read service_account_file" in both:
-        return "%s: check gcp_firewall_service_account_file." % text
+        return "%s: check llamafactory_gcp_service_account_file." % text
     if re.search(
         r"ConnectionError|ProxyError|SSLError|Max retries exceeded|NewConnectionError", both
     ):

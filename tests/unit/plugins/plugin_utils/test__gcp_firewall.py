@@ -8,7 +8,7 @@ import copy
 
 import pytest
 from ansible_collections.google.cloud.plugins.modules import gcp_compute_firewall
-from ansible_collections.hostnet.llamafactory.plugins.module_utils import gcp_firewall as fw
+from ansible_collections.hostnet.llamafactory.plugins.plugin_utils import _gcp_firewall as fw
 
 BASE = {
     "cluster": "llamafactory",

@@ -95,7 +95,8 @@ SIGNATURES = [
         "cause": "NCCL's InfiniBand/RoCE transport met a peer speaking the socket transport (or "
         "the reverse): the nodes disagree on the transport, typically hosts that have IB "
         "libraries but no usable IB fabric between them (LLaMA-Factory issue #3641).",
-        "fix": "Set NCCL_IB_DISABLE=1 on every node (launch_nccl_ib_disable, on by default), or "
+        "fix": "Set NCCL_IB_DISABLE=1 on every node (llamafactory_nccl_ib_disable, on by "
+        "default), or "
         "give every node the same working IB/RoCE setup.",
     },
     {

@@ -82,7 +82,7 @@ def _listener_problem(host, node, listener, master_port, probe_port):
     ) not in (None, 0)
     if not (ended or listener.get("error")):
         return None
-    ports = "%s (launch_preflight_port)" % probe_port
+    ports = "%s (preflight_port)" % probe_port
     if int(node["rank"]) == 0:
         ports = "%s (MASTER_PORT) or %s" % (master_port, ports)
     if "address already in use" in text.lower() or "port is already allocated" in text.lower():
@@ -92,7 +92,7 @@ def _listener_problem(host, node, listener, master_port, probe_port):
             "listens there" % (ports, host),
             "stop what holds it (playbooks/stop.yml -e llamafactory_job=NAME for a job of this "
             "collection; `ss -ltnp` on the node shows it) or choose another port with "
-            "llamafactory_master_port / launch_preflight_port",
+            "llamafactory_master_port / preflight_port",
         )
     return _finding(
         "probe-failed",
@@ -237,10 +237,10 @@ def findings(
             found.append(
                 _finding(
                     "disk-low",
-                    "%s has %.1f GB free under %s, less than launch_min_free_gb (%s GB)"
+                    "%s has %.1f GB free under %s, less than preflight_min_free_gb (%s GB)"
                     % (host, disk["free"] / float(GB), disk["path"], min_free_gb),
                     "free space there or use a larger disk (checkpoints of every rank land on "
-                    "every node), or lower launch_min_free_gb",
+                    "every node), or lower preflight_min_free_gb",
                 )
             )
         gpus = report.get("gpus")
@@ -277,7 +277,7 @@ def message(job, found, elapsed=None):
     ]
     for item in found:
         lines.append("- %s: %s\n  Fix: %s" % (item["id"], item["cause"], item["fix"]))
-    lines.append("Nothing was launched (launch_preflight=false skips these checks).")
+    lines.append("Nothing was launched (preflight_enabled=false skips these checks).")
     return "\n".join(lines)
 
 

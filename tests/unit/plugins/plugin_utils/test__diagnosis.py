@@ -4,12 +4,12 @@ from pathlib import Path
 
 import pytest
 from ansible_collections.hostnet.llamafactory.plugins.filter.diagnose import FilterModule
-from ansible_collections.hostnet.llamafactory.plugins.module_utils.diagnosis import (
+from ansible_collections.hostnet.llamafactory.plugins.plugin_utils._diagnosis import (
     SIGNATURES,
     diagnose,
 )
 
-LOGS = Path(__file__).parent / "fixtures" / "logs"
+LOGS = Path(__file__).resolve().parents[2] / "fixtures" / "logs"
 
 
 def log(name: str) -> str:

@@ -12,7 +12,7 @@ import socket
 
 from ansible.module_utils.common.text.converters import to_text
 from ansible.module_utils.urls import open_url
-from ansible_collections.hostnet.llamafactory.plugins.module_utils.nic import NicError, parse_links
+from ansible_collections.hostnet.llamafactory.plugins.module_utils._nic import NicError, parse_links
 
 DMI_PRODUCT_NAME = "/sys/class/dmi/id/product_name"
 SYS_NET = "/sys/class/net"

@@ -4,7 +4,7 @@ generated for this test: tests/unit/fixtures/gpg)."""
 from pathlib import Path
 
 import pytest
-from ansible_collections.hostnet.llamafactory.plugins.module_utils.keyring import (
+from ansible_collections.hostnet.llamafactory.plugins.module_utils._keyring import (
     KeyringError,
     check,
     is_armored,
@@ -12,7 +12,8 @@ from ansible_collections.hostnet.llamafactory.plugins.module_utils.keyring impor
     primary_fingerprints,
 )
 
-COLONS = (Path(__file__).parent / "fixtures" / "gpg" / "show-keys-with-subkey.txt").read_text()
+FIXTURES = Path(__file__).resolve().parents[2] / "fixtures"
+COLONS = (FIXTURES / "gpg" / "show-keys-with-subkey.txt").read_text()
 PRIMARY = "04D41858AFFF4EC359C7602C163C9CCD10FF5A56"
 SUBKEY = "9C059F446B42CDFAA678B78C3CE135744270294D"
 

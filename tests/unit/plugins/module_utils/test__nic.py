@@ -9,9 +9,11 @@ import re
 from pathlib import Path
 
 import pytest
-from ansible_collections.hostnet.llamafactory.plugins.module_utils import nic, nic_host
+from ansible_collections.hostnet.llamafactory.plugins.module_utils import _nic as nic
+from ansible_collections.hostnet.llamafactory.plugins.module_utils import _nic_host as nic_host
 
-FIXTURES = sorted((Path(__file__).parent / "fixtures" / "nic").glob("*.json"))
+NIC_FIXTURES = Path(__file__).resolve().parents[2] / "fixtures" / "nic"
+FIXTURES = sorted(NIC_FIXTURES.glob("*.json"))
 
 
 def layout_for(fixture: dict, case: dict) -> dict:
@@ -133,7 +135,7 @@ class FakeMetadata:
 
 
 def load(name):
-    return json.loads((Path(__file__).parent / "fixtures" / "nic" / f"{name}.json").read_text())
+    return json.loads((NIC_FIXTURES / f"{name}.json").read_text())
 
 
 def params(**changes):

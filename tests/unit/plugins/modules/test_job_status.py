@@ -1,0 +1,189 @@
+"""The module job_status: its node-side helpers (the end of trainer_log.jsonl and the listing of
+the checkpoint folders, what _job.last_progress and _job.complete_checkpoints are given), and the
+module run as Ansible runs it against a dockerd stand-in on a unix socket (conftest.py)."""
+
+import json
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+from ansible_collections.hostnet.llamafactory.plugins.module_utils import _job as job
+from ansible_collections.hostnet.llamafactory.plugins.modules import job_status
+
+FIXTURES = Path(__file__).resolve().parents[2] / "fixtures" / "job"
+
+
+def record(step: int) -> str:
+    return json.dumps(
+        {
+            "current_steps": step,
+            "total_steps": 4000,
+            "loss": 5.0 + step / 10000,
+            "percentage": round(step / 40, 2),
+            "elapsed_time": "0:01:04",
+        }
+    )
+
+
+def test_a_small_trainer_log_is_returned_whole(tmp_path):
+    text = (FIXTURES / "trainer_log-tail.jsonl").read_text()
+    (tmp_path / "trainer_log.jsonl").write_text(text)
+    assert job_status.trainer_log_tail(str(tmp_path)) == text
+    assert job.last_progress(job_status.trainer_log_tail(str(tmp_path)))["step"] == 400
+
+
+def test_a_big_trainer_log_ends_at_line_boundaries(tmp_path):
+    lines = [record(step) for step in range(1, 1001)]
+    text = "\n".join(lines) + "\n"
+    assert len(text) > 4 * job_status.TRAINER_LOG_TAIL_BYTES
+    (tmp_path / "trainer_log.jsonl").write_text(text)
+    tail = job_status.trainer_log_tail(str(tmp_path))
+    assert len(tail.encode()) <= job_status.TRAINER_LOG_TAIL_BYTES
+    assert text.endswith(tail)
+    assert len(tail) > job_status.TRAINER_LOG_TAIL_BYTES - len(lines[-1]) - 2
+    # Starts at the beginning of a line: every line is a whole record.
+    tail_lines = tail.splitlines()
+    assert tail_lines[0] in lines
+    assert all(json.loads(line)["current_steps"] for line in tail_lines)
+    assert tail_lines[-1] == lines[-1]
+    assert job.last_progress(tail)["step"] == 1000
+
+
+def test_a_trainer_log_of_an_earlier_run_is_ignored(tmp_path):
+    path = tmp_path / "trainer_log.jsonl"
+    path.write_text(record(10) + "\n")
+    written = time.time() - 3600
+    os.utime(path, (written, written))
+    # The container started after the file was last written: a resumed run's old log.
+    assert job_status.trainer_log_tail(str(tmp_path), since=written + 60) == ""
+    # Written at (or within a second before) the start: this run's.
+    assert job_status.trainer_log_tail(str(tmp_path), since=written + 0.5) == record(10) + "\n"
+    assert job_status.trainer_log_tail(str(tmp_path), since=written - 60) == record(10) + "\n"
+    assert job_status.trainer_log_tail(str(tmp_path), since=None) == record(10) + "\n"
+
+
+@pytest.mark.parametrize("since", [None, time.time()])
+def test_a_missing_trainer_log(tmp_path, since):
+    assert job_status.trainer_log_tail(str(tmp_path), since) == ""
+    assert job_status.trainer_log_tail(str(tmp_path / "absent"), since) == ""
+
+
+def test_checkpoint_listing_holds_only_checkpoint_folders(tmp_path):
+    for line in (FIXTURES / "checkpoints-rank1.txt").read_text().splitlines():
+        name, _colon, children = line.partition(":")
+        for child in children.split():
+            if child.startswith("global_step"):
+                (tmp_path / name / child).mkdir(parents=True)
+            else:
+                (tmp_path / name).mkdir(exist_ok=True)
+                (tmp_path / name / child).write_text("")
+    (tmp_path / "checkpoint-20").mkdir()  # being written
+    (tmp_path / "checkpoint-30").write_text("")  # a file, not a folder
+    (tmp_path / "checkpoint-final").mkdir()
+    (tmp_path / "runs").mkdir()
+    (tmp_path / "trainer_log.jsonl").write_text("")
+    listing = job_status.checkpoint_listing(str(tmp_path))
+    assert sorted(listing) == ["checkpoint-10", "checkpoint-20"]
+    assert sorted(listing["checkpoint-10"]) == sorted(
+        (FIXTURES / "checkpoints-rank1.txt").read_text().partition(":")[2].split()
+    )
+    assert listing["checkpoint-20"] == []
+    assert job.complete_checkpoints(listing) == [10]
+
+
+def test_checkpoint_listing_of_a_missing_folder(tmp_path):
+    assert job_status.checkpoint_listing(str(tmp_path / "absent")) == {}
+    assert job_status.checkpoint_listing(str(tmp_path)) == {}
+
+
+# --- the module against a dockerd stand-in (conftest.py) ----------------------------------
+
+ROOT = Path(__file__).resolve().parents[4]
+MODULE = ROOT / "plugins" / "modules" / "job_status.py"
+
+
+def run_module(tmp_path, **args):
+    """The module as Ansible runs it (its own process, arguments as JSON), with no docker
+    command on PATH."""
+    (tmp_path / "args.json").write_text(json.dumps({"ANSIBLE_MODULE_ARGS": args}))
+    env = {
+        "PATH": str(tmp_path),  # nothing to run there
+        "PYTHONPATH": str(ROOT / ".cache" / "collections"),
+        "HOME": str(tmp_path),
+    }
+    done = subprocess.run(
+        [sys.executable, str(MODULE), str(tmp_path / "args.json")],
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=60,
+        check=False,
+    )
+    return json.loads(done.stdout)
+
+
+def inspect(name):
+    return json.loads((FIXTURES / f"inspect-{name}.json").read_text())
+
+
+def test_a_running_rank_with_its_newest_log_lines(dockerd, socket_path, tmp_path):
+    dockerd.add_container(
+        "llamafactory-demo", inspect("running"), (FIXTURES / "logs-killed.multiplexed").read_bytes()
+    )
+    result = run_module(tmp_path, name="llamafactory-demo", tail=5, docker_socket=socket_path)
+    assert not result.get("failed"), result
+    assert result["changed"] is False
+    assert result["container"]["state"] == "running"
+    assert result["container"] == job.container_state(inspect("running"))
+    expected, newest = job.parse_logs("", (FIXTURES / "logs-killed.stderr").read_text())
+    assert result["log_lines"] == expected[-5:]
+    assert result["last_output_at"] == newest
+    calls = [(m, p) for m, p, _q, _h, _b in dockerd.requests]
+    assert calls == [
+        ("GET", "/containers/llamafactory-demo/json"),
+        ("GET", "/containers/llamafactory-demo/logs"),
+    ]
+    assert dockerd.requests[1][2]["tail"] == "5"
+
+
+def test_stop_stops_a_running_rank_once(dockerd, socket_path, tmp_path):
+    dockerd.add_container("llamafactory-demo", inspect("running"))
+    args = dict(name="llamafactory-demo", stop=True, stop_timeout=3, docker_socket=socket_path)
+    first = run_module(tmp_path, **args)
+    assert first["changed"] is True
+    assert (first["container"]["state"], first["container"]["exit_code"]) == ("exited", 143)
+    stops = [r for r in dockerd.requests if r[1].endswith("/stop")]
+    assert [(r[0], r[2]) for r in stops] == [("POST", {"t": "3"})]
+    again = run_module(tmp_path, **args)
+    assert again["changed"] is False
+    assert len([r for r in dockerd.requests if r[1].endswith("/stop")]) == 1
+
+
+def test_stop_in_check_mode_reports_without_stopping(dockerd, socket_path, tmp_path):
+    dockerd.add_container("llamafactory-demo", inspect("running"))
+    result = run_module(
+        tmp_path,
+        name="llamafactory-demo",
+        stop=True,
+        docker_socket=socket_path,
+        _ansible_check_mode=True,
+    )
+    assert result["changed"] is True
+    assert result["container"]["state"] == "running"
+    assert not [r for r in dockerd.requests if r[1].endswith("/stop")]
+
+
+def test_a_missing_container(dockerd, socket_path, tmp_path):
+    result = run_module(tmp_path, name="llamafactory-other", docker_socket=socket_path)
+    assert result["container"] == {"state": "missing"}
+    assert result["log_lines"] == [] and result["last_output_at"] is None
+    assert len(dockerd.requests) == 1  # no logs asked of a missing container
+
+
+def test_no_daemon_fails_saying_so(tmp_path):
+    result = run_module(tmp_path, name="x", docker_socket=str(tmp_path / "docker.sock"))
+    assert result["failed"] is True
+    assert result["msg"].startswith("cannot query container x: there is no Docker daemon socket")
