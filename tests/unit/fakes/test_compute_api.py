@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 import requests
 
-FAKE = Path(__file__).resolve().parents[1] / "fakes" / "compute_api.py"
+FAKE = Path(__file__).resolve().parents[2] / "fakes" / "compute_api.py"
 SPEC = importlib.util.spec_from_file_location("compute_api", FAKE)
 compute_api = importlib.util.module_from_spec(SPEC)
 SPEC.loader.exec_module(compute_api)

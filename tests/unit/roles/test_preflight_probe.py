@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-PROBE = Path(__file__).resolve().parents[2] / "roles" / "preflight" / "files" / "preflight_probe.py"
+PROBE = Path(__file__).resolve().parents[3] / "roles" / "preflight" / "files" / "preflight_probe.py"
 
 
 def free_port():

@@ -8,7 +8,7 @@ import time
 from pathlib import Path
 
 RUNNER = (
-    Path(__file__).resolve().parents[2] / "roles" / "gcp_firewall" / "files" / "bounded_python.py"
+    Path(__file__).resolve().parents[3] / "roles" / "gcp_firewall" / "files" / "bounded_python.py"
 )
 
 

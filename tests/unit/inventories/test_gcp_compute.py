@@ -14,7 +14,7 @@ import requests
 import yaml
 from ansible_collections.hostnet.llamafactory.plugins.plugin_utils import _node_ranks
 
-ROOT = Path(__file__).resolve().parents[2]
+ROOT = Path(__file__).resolve().parents[3]
 FAKE = ROOT / "tests" / "fakes" / "compute_api.py"
 INVENTORY = ROOT / "inventories" / "gcp_compute.yml"
 ANSIBLE_INVENTORY = Path(sys.executable).parent / "ansible-inventory"

@@ -9,7 +9,7 @@ from ansible_collections.hostnet.llamafactory.plugins.plugin_utils._diagnosis im
     diagnose,
 )
 
-ROOT = Path(__file__).resolve().parents[2]
+ROOT = Path(__file__).resolve().parents[3]
 
 
 def test_every_example_line_is_recognised_as_its_own_signature():
