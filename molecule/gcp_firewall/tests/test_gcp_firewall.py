@@ -6,6 +6,7 @@ Every run goes through the fake's loopback proxy; nothing else is contacted.
 """
 
 import copy
+import hashlib
 import http.client
 import json
 import os
@@ -328,6 +329,10 @@ def test_missing_project(fresh):
     ]
 
 
+# 29500 + sha1("demo")[:6] % 500, as the job's name gives it (not a security use of sha1).
+DEMO_PORT = 29500 + int(hashlib.sha1(b"demo", usedforsecurity=False).hexdigest()[:6], 16) % 500
+
+
 @pytest.mark.parametrize(
     ("settings", "message"),
     [
@@ -335,14 +340,20 @@ def test_missing_project(fresh):
         ({"gcp_firewall_ssh_source_ranges": ["10.0.0.0/8", "::/0"]}, "contains ::/0: refused"),
         ({"gcp_firewall_ssh_source_ranges": ["192.0.2.1/0"]}, "contains 192.0.2.1/0: refused"),
         (
-            {"gcp_firewall_source": "ranges", "gcp_firewall_ranges": ["0.0.0.0/0"]},
-            "publish every port of the nodes, MASTER_PORT 29500 included",
+            # The job's own port, derived from its name (29500 + sha1("demo")[:6] % 500): the
+            # firewall once planned with llamafactory_master_port or 29500.
+            {
+                "llamafactory_job": "demo",
+                "gcp_firewall_source": "ranges",
+                "gcp_firewall_ranges": ["0.0.0.0/0"],
+            },
+            f"publish every port of the nodes, MASTER_PORT {DEMO_PORT} included",
         ),
         (
             {"gcp_firewall_source": "ranges", "gcp_firewall_ranges": ["203.0.113.0/24"]},
             "is not a private IPv4 range",
         ),
-        ({"llamafactory_master_port": 22}, "llamafactory_master_port is 22, the SSH port"),
+        ({"llamafactory_master_port": 22}, "llamafactory_master_port is 22: it must be from 1024"),
     ],
 )
 def test_unsafe_source_is_refused_before_any_call(fresh, settings, message):
