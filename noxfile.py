@@ -187,66 +187,28 @@ def matrix(session: nox.Session, core: str) -> None:
     image = images.ensure_vm_image(
         cluster.client(), images.PLATFORMS["debian13"], cluster.cache_dir(), kind="controller"
     )
-    name, src = (
-        f"hlf-matrix-{core.replace('.', '-')}",
-        "/work/ansible_collections/hostnet/llamafactory",
-    )
-    wheel = next((ROOT / ".cache" / "wheels").glob("ansible-*.whl"), None)
+    name, src = f"hlf-matrix-{core}", "/work/ansible_collections/hostnet/llamafactory"
+    wheel_name, version = PYPROJECT["tool"]["hostnet"]["collections"]["wheel"].split("==")
+    wheel = next((ROOT / ".cache" / "wheels").glob(f"{wheel_name}-{version}-*.whl"), None)
     if wheel is None:
-        session.error("the `ansible` wheel is not in .cache/wheels: run ./dev setup first")
-    ca = (
-        [
-            "-v",
-            f"{CA_BUNDLE}:{CA_BUNDLE}:ro",
-            "-e",
-            f"PIP_CERT={CA_BUNDLE}",
-            "-e",
-            f"SSL_CERT_FILE={CA_BUNDLE}",
-        ]
-        if CA_BUNDLE.is_file()
-        else []
-    )
-    (ROOT / ".cache" / "matrix-pip").mkdir(parents=True, exist_ok=True)
+        session.error(f"{wheel_name}=={version} is not in .cache/wheels: run ./dev setup first")
+    ca = []
+    if CA_BUNDLE.is_file():  # for a machine behind a TLS-inspecting proxy; harmless elsewhere
+        ca = ["-v", f"{CA_BUNDLE}:{CA_BUNDLE}:ro", "-e", f"PIP_CERT={CA_BUNDLE}"]
+        ca += ["-e", f"SSL_CERT_FILE={CA_BUNDLE}"]
+    pip_cache = ROOT / ".cache" / "matrix-pip"  # later runs download nothing
+    pip_cache.mkdir(parents=True, exist_ok=True)
     subprocess.run(["docker", "rm", "-f", name], capture_output=True, check=False)
-    session.run(
-        "docker",
-        "run",
-        "-d",
-        "--name",
-        name,
-        "--label",
-        "hostnet.llamafactory.matrix=1",
-        *ca,
-        "-v",
-        f"{ROOT / '.cache' / 'matrix-pip'}:/root/.cache/pip",
-        "-e",
-        "PIP_DISABLE_PIP_VERSION_CHECK=1",
-        image,
-        "sleep",
-        "infinity",
-        external=True,
-        silent=True,
-    )
+    run = ["docker", "run", "-d", "--name", name, "--label", "hostnet.llamafactory.matrix=1", *ca]
+    run += ["-v", f"{pip_cache}:/root/.cache/pip", "-e", "PIP_DISABLE_PIP_VERSION_CHECK=1"]
+    session.run(*run, image, "sleep", "infinity", silent=True)
+    wheel_path = wheel.relative_to(ROOT)  # copied in too: the collections (setup_collections.py)
     try:
-        files = subprocess.run(
-            ["git", "ls-files", "-co", "--exclude-standard", "-z"],
-            cwd=ROOT,
-            capture_output=True,
-            check=True,
-        ).stdout.split(b"\0")
-        names = [f for f in files if f and (ROOT / f.decode()).exists()]
-        names.append(str(wheel.relative_to(ROOT)).encode())
-        tar = subprocess.run(
-            ["tar", "-c", "--null", "-T", "-", "-C", str(ROOT)],
-            input=b"\0".join(names),
-            capture_output=True,
-            check=True,
-        ).stdout
-        subprocess.run(
-            ["docker", "exec", "-i", name, "sh", "-c", f"mkdir -p {src} && tar -x -C {src}"],
-            input=tar,
-            check=True,
-        )
+        copy = f"""set -o pipefail
+            {{ git ls-files -co --exclude-standard -z; printf '%s\\0' {wheel_path}; }} |
+            tar -c --null --ignore-failed-read -T - |
+            docker exec -i {name} sh -c 'mkdir -p {src} && tar -x -C {src}'"""
+        session.run("bash", "-c", copy, silent=True)
         requirements = shlex.join([core_requirement(core), *unit_requirements()])
         git = "git -c user.name=matrix -c user.email=matrix@localhost"
         script = f"""cd {src}
@@ -256,9 +218,7 @@ def matrix(session: nox.Session, core: str) -> None:
             pip install -q --progress-bar off {requirements}
             python tools/setup_collections.py .cache/collections
             HLF_CORE={core} nox --non-interactive -s units sanity"""
-        session.run(
-            "docker", "exec", name, "timeout", "3600", "bash", "-euxc", script, external=True
-        )
+        session.run("docker", "exec", name, "timeout", "3600", "bash", "-euxc", script)
     finally:
         if "--keep" in session.posargs:
             session.log(f"kept: docker exec -it -w {src} {name} bash; remove: docker rm -f {name}")
