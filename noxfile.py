@@ -19,6 +19,7 @@ from __future__ import annotations
 import os
 import re
 import shlex
+import shutil
 import subprocess
 import sys
 import tomllib
@@ -124,6 +125,9 @@ add_ansible_test_session(
     ansible_core_version=SANITY_CORE,
     ansible_core_source="pypi",
     callback_before=get_pip_stand_in,
+    # antsibull-nox 1.10 copies tests/output back bottom-up, which fails on Python 3.12+ for
+    # nested folders it has not made yet (ansible-test's scratch tests/output/.tmp/pylint).
+    callback_after=lambda: shutil.rmtree("tests/output/.tmp", ignore_errors=True),
 )
 
 
@@ -213,7 +217,7 @@ def matrix(session: nox.Session, core: str) -> None:
         git = "git -c user.name=matrix -c user.email=matrix@localhost"
         script = f"""cd {src}
             {git} init -q && git add -A && {git} commit -qm snapshot  # what nox copies (git's list)
-            python3 -m venv /opt/venv && . /opt/venv/bin/activate
+            python3 -m venv /opt/venv && export PATH=/opt/venv/bin:$PATH
             pip install -q --progress-bar off --upgrade pip
             pip install -q --progress-bar off {requirements}
             python tools/setup_collections.py .cache/collections
