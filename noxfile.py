@@ -142,6 +142,16 @@ def scenario_images(scenario: str) -> dict[str, str]:
     return {p["name"]: p.get("image", "") for p in platforms["platforms"]}
 
 
+def molecule_command(scenario: str, platforms: list[str], unusable: list[str]) -> list[str] | None:
+    """The molecule command for the platforms that can run; None: the scenario is skipped
+    (molecule can leave out all platforms but one, not some of several)."""
+    usable = [p for p in platforms if p not in unusable]
+    command = ["molecule", "test", "-s", scenario]
+    if not unusable:
+        return command
+    return [*command, "--platform-name", usable[0]] if len(usable) == 1 else None
+
+
 SCENARIOS = sorted(p.parent.name for p in (ROOT / "molecule").glob("*/molecule.yml"))
 SCENARIOS.remove("default")  # a stub: molecule looks for it before every scenario (see it)
 
@@ -166,12 +176,9 @@ def molecule(session: nox.Session, scenario: str) -> None:
             except images.ArchiveUnreachable as exc:
                 session.warn(f"platform {platform} ({image}) left out: {exc}")
                 unusable.append(platform)
-    usable = [p for p in scenario_images(scenario) if p not in unusable]
-    command = ["molecule", "test", "-s", scenario]
-    if unusable and len(usable) != 1:
+    command = molecule_command(scenario, list(scenario_images(scenario)), unusable)
+    if command is None:
         session.skip(f"SKIPPED {scenario}: its platforms {unusable} cannot be built here")
-    if unusable:
-        command += ["--platform-name", usable[0]]
     session.run(*command, *session.posargs)
 
 

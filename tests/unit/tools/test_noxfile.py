@@ -62,3 +62,19 @@ def test_get_pip_stand_in_bootstraps_pip_and_installs_what_it_was_asked(monkeypa
     install = calls[1]
     assert install[1:4] == ["-m", "pip", "install"] and install[-1] == "pip==24.2"
     assert "--no-setuptools" not in install and "--no-wheel" not in install
+
+
+@pytest.mark.parametrize(
+    ("unusable", "expected"),
+    [
+        ([], ["molecule", "test", "-s", "s"]),
+        (["ubuntu"], ["molecule", "test", "-s", "s", "--platform-name", "debian"]),
+        (["debian", "ubuntu"], None),  # nothing left: skipped, not passed
+    ],
+)
+def test_molecule_leaves_out_platforms_or_skips(unusable, expected):
+    assert noxfile.molecule_command("s", ["debian", "ubuntu"], unusable) == expected
+
+
+def test_molecule_skips_a_scenario_left_with_part_of_several_platforms():
+    assert noxfile.molecule_command("s", ["a", "b", "c"], ["c"]) is None
