@@ -1,14 +1,17 @@
-"""Install the collections of requirements.yml from the `ansible` wheel (no Galaxy needed).
+"""The collections of requirements.yml, for a machine where Galaxy does not answer.
+
+`ansible-galaxy collection install -r requirements.yml` is the ordinary way; Galaxy is not
+reachable from this project's CI, so the collections come from the `ansible` PyPI wheel named
+in pyproject.toml ([tool.hostnet.collections]; PyPI is reachable): downloaded once, only the
+listed collections extracted, each version checked against requirements.yml. Such a wheel pins
+one release of each collection: a newer one than it bundles needs Galaxy (or a newer wheel).
+The checkout is linked in as hostnet.llamafactory so that a plain checkout resolves its FQCNs.
 
 Usage: python tools/setup_collections.py DEST   (DEST gets ansible_collections/...)
-Downloads the wheel named in pyproject.toml once (pip's cache and find-links apply), extracts
-only the listed collections, checks each version against requirements.yml, and links this
-checkout in as hostnet.llamafactory so that a plain checkout resolves its own FQCNs.
 """
 
 from __future__ import annotations
 
-import hashlib
 import json
 import shutil
 import subprocess
@@ -18,75 +21,43 @@ import zipfile
 from pathlib import Path
 
 import yaml
-from ansible.module_utils.compat.version import LooseVersion
+from packaging.specifiers import SpecifierSet
 
 ROOT = Path(__file__).resolve().parents[1]
 
 
 def version_ok(version: str, spec: str) -> bool:
-    ops = {
-        ">=": lambda a, b: a >= b,
-        "<": lambda a, b: a < b,
-        "<=": lambda a, b: a <= b,
-        ">": lambda a, b: a > b,
-        "==": lambda a, b: a == b,
-        "!=": lambda a, b: a != b,
-    }
-    for part in (p.strip() for p in spec.split(",") if p.strip() and p.strip() != "*"):
-        op = next(o for o in (">=", "<=", "==", "!=", ">", "<") if part.startswith(o))
-        if not ops[op](LooseVersion(version), LooseVersion(part[len(op) :])):
-            return False
-    return True
+    """Whether a collection version satisfies a requirements.yml range ('>=4.8.0,<5.0.0', '*')."""
+    return SpecifierSet("" if spec.strip() == "*" else spec).contains(version, prereleases=True)
 
 
 def main(dest: Path) -> int:
-    wheel_req = tomllib.loads((ROOT / "pyproject.toml").read_text())["tool"]["hostnet"][
-        "collections"
-    ]["wheel"]
+    wheel_req = tomllib.loads((ROOT / "pyproject.toml").read_text())["tool"]["hostnet"]
+    wheel_req = wheel_req["collections"]["wheel"]
     wanted = yaml.safe_load((ROOT / "requirements.yml").read_text())["collections"]
-    stamp_text = hashlib.sha256(f"{wheel_req}{wanted}".encode()).hexdigest()
-    stamp = dest / ".stamp"
+    stamp, stamp_text = dest / ".stamp", f"{wheel_req} {wanted}"
     if not (stamp.exists() and stamp.read_text() == stamp_text):
         wheels = ROOT / ".cache" / "wheels"
-        wheels.mkdir(parents=True, exist_ok=True)
-        found = sorted(wheels.glob(f"{wheel_req.split('==')[0]}-{wheel_req.split('==')[1]}-*.whl"))
-        if not found:
+        name, version = wheel_req.split("==")
+        if not list(wheels.glob(f"{name}-{version}-*.whl")):
             print(f"setup: downloading {wheel_req} (about 55 MB) for its collections", flush=True)
-            subprocess.run(
-                [
-                    sys.executable,
-                    "-m",
-                    "pip",
-                    "download",
-                    "--no-deps",
-                    "-q",
-                    "-d",
-                    str(wheels),
-                    wheel_req,
-                ],
-                check=True,
-            )
-            found = sorted(wheels.glob(f"{wheel_req.split('==')[0]}-*.whl"))
+            pip = [sys.executable, "-m", "pip", "download", "--no-deps", "-q", "-d", str(wheels)]
+            subprocess.run([*pip, wheel_req], check=True)
         shutil.rmtree(dest / "ansible_collections", ignore_errors=True)
-        with zipfile.ZipFile(found[-1]) as wheel:
+        with zipfile.ZipFile(next(wheels.glob(f"{name}-{version}-*.whl"))) as wheel:
             for item in wanted:
-                namespace, name = item["name"].split(".")
-                prefix = f"ansible_collections/{namespace}/{name}/"
-                members = [m for m in wheel.namelist() if m.startswith(prefix)]
-                if not members:
-                    print(f"setup: {item['name']} is not in {wheel_req}", file=sys.stderr)
-                    return 1
-                wheel.extractall(dest, members)
-                manifest = json.loads((dest / prefix / "MANIFEST.json").read_text())
-                version = manifest["collection_info"]["version"]
-                if not version_ok(version, item.get("version", "*")):
-                    print(
-                        f"setup: {item['name']} {version} from {wheel_req} does not satisfy "
-                        f"{item['version']} (requirements.yml)",
-                        file=sys.stderr,
+                prefix = f"ansible_collections/{item['name'].replace('.', '/')}/"
+                wheel.extractall(dest, [m for m in wheel.namelist() if m.startswith(prefix)])
+                manifest = dest / prefix / "MANIFEST.json"
+                if not manifest.is_file():
+                    sys.exit(f"setup: {item['name']} is not in {wheel_req}")
+                found = json.loads(manifest.read_text())["collection_info"]["version"]
+                if not version_ok(found, item.get("version", "*")):
+                    sys.exit(
+                        f"setup: {item['name']} {found} from {wheel_req} does not satisfy "
+                        f"{item['version']} (requirements.yml)"
                     )
-                    return 1
-                print(f"setup: collection {item['name']} {version}", flush=True)
+                print(f"setup: collection {item['name']} {found}", flush=True)
         stamp.write_text(stamp_text)
     self_link = dest / "ansible_collections" / "hostnet" / "llamafactory"
     if not self_link.is_symlink():

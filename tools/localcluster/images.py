@@ -49,7 +49,7 @@ VM_PACKAGES = (
 # A "blank" host (no Docker) for role tests that install it.
 ENGINE_PACKAGES = ("docker.io", "iptables", "kmod", "python3-requests")
 BLANK_PACKAGES = tuple(p for p in VM_PACKAGES if p not in ENGINE_PACKAGES)
-# A blank host that is an Ansible controller for tools/matrix.py: venvs, git and shellcheck
+# A blank host that is an Ansible controller for the nox matrix: venvs, git and shellcheck
 # (ansible-test sanity).
 CONTROLLER_PACKAGES = (*BLANK_PACKAGES, "python3-venv", "git", "shellcheck")
 KINDS = {"vm": VM_PACKAGES, "blank": BLANK_PACKAGES, "controller": CONTROLLER_PACKAGES}
@@ -78,7 +78,7 @@ class Platform:
 
 PLATFORMS = {
     "debian12": Platform("debian12", "bookworm", "http://deb.debian.org/debian", "debian:bookworm"),
-    # Python 3.13: the controller matrix (tools/matrix.py) runs ansible-core 2.20+ on it.
+    # Python 3.13: the controller matrix (noxfile.py) runs ansible-core 2.20+ on it.
     "debian13": Platform("debian13", "trixie", "http://deb.debian.org/debian", "debian:trixie"),
     "ubuntu2204": Platform(
         "ubuntu2204",

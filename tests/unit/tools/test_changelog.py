@@ -1,5 +1,5 @@
-"""The changelog fragments (antsibull-changelog): they lint, and a release made from them on a
-copy of the collection shows every fragment and every module of the collection."""
+"""A release made from the changelog fragments (antsibull-changelog) on a copy of the collection
+shows every fragment and every module of the collection (`nox -s lint` lints the fragments)."""
 
 import os
 import shutil
@@ -9,7 +9,7 @@ from pathlib import Path
 
 import yaml
 
-ROOT = Path(__file__).resolve().parents[2]
+ROOT = Path(__file__).resolve().parents[3]
 BIN = Path(sys.executable).parent
 FRAGMENTS = ROOT / "changelogs" / "fragments"
 
@@ -25,19 +25,6 @@ def changelog(*args, cwd):
         timeout=120,
         check=False,
     )
-
-
-def test_fragments_lint():
-    done = changelog("lint", cwd=ROOT)
-    assert done.returncode == 0, done.stdout + done.stderr
-
-
-def test_a_bad_fragment_fails_lint(tmp_path):
-    shutil.copytree(ROOT / "changelogs", tmp_path / "changelogs")
-    shutil.copy(ROOT / "galaxy.yml", tmp_path)
-    (tmp_path / "changelogs" / "fragments" / "bad.yml").write_text("new_stuff:\n  - nope\n")
-    done = changelog("lint", cwd=tmp_path)
-    assert done.returncode != 0 and "bad.yml" in done.stdout + done.stderr
 
 
 def test_a_release_shows_every_fragment_and_module(tmp_path):
