@@ -207,7 +207,8 @@ def matrix(session: nox.Session, core: str) -> None:
     if CA_BUNDLE.is_file():  # for a machine behind a TLS-inspecting proxy; harmless elsewhere
         ca = ["-v", f"{CA_BUNDLE}:{CA_BUNDLE}:ro", "-e", f"PIP_CERT={CA_BUNDLE}"]
         ca += ["-e", f"SSL_CERT_FILE={CA_BUNDLE}"]
-    pip_cache = ROOT / ".cache" / "matrix-pip"  # later runs download nothing
+    # Outside the checkout: later runs, from any clone on this machine, download nothing.
+    pip_cache = Path.home() / ".cache" / "hostnet-llamafactory" / "matrix-pip"
     pip_cache.mkdir(parents=True, exist_ok=True)
     subprocess.run(["docker", "rm", "-f", name], capture_output=True, check=False)
     run = ["docker", "run", "-d", "--name", name, "--label", "hostnet.llamafactory.matrix=1", *ca]
