@@ -5,8 +5,8 @@
 module hostnet.llamafactory.image_pull - image references, registry credentials (the docker CLI's
 config and credential helpers), and the pull's event stream folded into one progress summary.
 
-Pure functions except credential_helper (runs docker-credential-*) and pull (talks to the daemon
-through _docker_api). How the controller words progress and errors is in
+Pure functions except credential_helper (runs docker-credential-* through the module) and
+pull (talks to the daemon through _docker_api). How the controller words progress and errors is in
 plugins/plugin_utils/_pull_report.py."""
 
 from __future__ import absolute_import, division, print_function
@@ -15,7 +15,6 @@ __metaclass__ = type
 
 import base64
 import json
-import subprocess
 
 DOCKER_HUB = "docker.io"
 DOCKER_HUB_AUTH_KEY = "https://index.docker.io/v1/"
@@ -102,23 +101,17 @@ def _helper_auth(found, registry):
     }
 
 
-def credential_helper(name, server, timeout=30):
+def credential_helper(run, name, server, timeout=30):
     """Run docker-credential-NAME get (the credential helper protocol: server on stdin, JSON
-    out). None when the helper has nothing for the server or is not installed."""
-    try:
-        done = subprocess.run(
-            ["docker-credential-" + name, "get"],
-            input=server.encode("utf-8"),
-            capture_output=True,
-            timeout=timeout,
-            check=False,
-        )
-    except (OSError, subprocess.TimeoutExpired):
-        return None
-    if done.returncode != 0:
+    out) under coreutils' timeout, through `run` (AnsibleModule.run_command, which has no
+    deadline of its own). None when the helper has nothing for the server, is not installed or
+    does not answer within `timeout` seconds."""
+    argv = ["timeout", str(int(timeout)), "docker-credential-" + name, "get"]
+    rc, out, _err = run(argv, data=server, binary_data=True)
+    if rc != 0:
         return None
     try:
-        return json.loads(done.stdout.decode("utf-8"))
+        return json.loads(out)
     except ValueError:
         return None
 

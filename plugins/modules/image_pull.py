@@ -184,7 +184,8 @@ def alive(pid):
         return True
 
 
-def node_auth(params, registry):
+def node_auth(module, registry):
+    params = module.params
     if params["username"]:
         auth = {
             "username": params["username"],
@@ -195,7 +196,11 @@ def node_auth(params, registry):
     home = os.environ.get("HOME") or pwd.getpwuid(os.getuid()).pw_dir
     config_dir = os.environ.get("DOCKER_CONFIG") or os.path.join(home, ".docker")
     config = read_record(os.path.join(config_dir, "config.json"))
-    return pull.config_auth(config, registry, pull.credential_helper)
+    return pull.config_auth(
+        config,
+        registry,
+        lambda name, server: pull.credential_helper(module.run_command, name, server),
+    )
 
 
 def work(path, record, docker, auth):
@@ -281,7 +286,7 @@ def start(module, params):
     if running and running.get("state") == "pulling" and alive(running.get("pid")):
         module.exit_json(changed=False, state="pulling", attached=True, record=path)
     try:
-        auth, source = node_auth(params, registry)
+        auth, source = node_auth(module, registry)
     except ValueError as exc:
         module.fail_json(msg=str(exc))
     now = time.time()

@@ -6,6 +6,8 @@ up-to-date pull, the daemon's errors - and streamed from a dockerd stand-in (con
 import base64
 import json
 import os
+import subprocess
+import time
 from pathlib import Path
 
 import pytest
@@ -119,12 +121,31 @@ def test_credential_helper_protocol(tmp_path, monkeypatch):
     )
     script.chmod(0o755)
     monkeypatch.setenv("PATH", f"{tmp_path}:{os.environ['PATH']}")
-    assert pull.credential_helper("fake", REGISTRY) == {
+    assert pull.credential_helper(run_command, "fake", REGISTRY) == {
         "ServerURL": REGISTRY,
         "Username": "u",
         "Secret": "p",
     }
-    assert pull.credential_helper("absent", REGISTRY) is None
+    assert pull.credential_helper(run_command, "absent", REGISTRY) is None
+
+
+def test_a_helper_that_hangs_is_given_up(tmp_path, monkeypatch):
+    """A helper that never answers (one waiting for a login prompt) ends at the deadline."""
+    script = tmp_path / "docker-credential-stuck"
+    script.write_text("#!/bin/sh\nexec sleep 60\n")
+    script.chmod(0o755)
+    monkeypatch.setenv("PATH", f"{tmp_path}:{os.environ['PATH']}")
+    started = time.monotonic()
+    assert pull.credential_helper(run_command, "stuck", REGISTRY, timeout=1) is None
+    assert time.monotonic() - started < 10
+
+
+def run_command(argv, data=None, binary_data=False):
+    """AnsibleModule.run_command's contract: stdin `data` (with a newline unless
+    binary_data), (rc, stdout, stderr) as text."""
+    text = data if binary_data or data is None else data + "\n"
+    done = subprocess.run(argv, input=text, capture_output=True, text=True, check=False)
+    return done.returncode, done.stdout, done.stderr
 
 
 def test_auth_header_is_base64url_json():
