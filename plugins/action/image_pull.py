@@ -22,7 +22,7 @@ display = Display()
 MODULE = "hostnet.llamafactory.image_pull"
 ARGUMENT_SPEC = dict(
     name=dict(type="str", required=True),
-    pull=dict(type="str", choices=["always", "not_present"], default="not_present"),
+    pull=dict(type="str", choices=["always", "not_present", "never"], default="not_present"),
     username=dict(type="str"),
     password=dict(type="str", no_log=True),
     timeout=dict(type="int", default=3600),

@@ -43,9 +43,11 @@ options:
   pull:
     description:
       - V(not_present) pulls only when the daemon does not have the image; V(always) asks the
-        registry every time (changed only when the image changed).
+        registry every time (changed only when the image changed); V(never) never contacts a
+        registry and fails, saying so, when the image is not on the node (nodes without a path
+        to the registry, loaded by hand).
     type: str
-    choices: [always, not_present]
+    choices: [always, not_present, never]
     default: not_present
   username:
     description: Registry user name (for Artifact Registry C(oauth2accesstoken) or C(_json_key)).
@@ -270,8 +272,14 @@ def start(module, params):
         before = docker.image_id(name)
     except DockerError as exc:
         module.fail_json(msg="cannot ask the Docker daemon about %s: %s" % (name, exc))
-    if before and params["pull"] == "not_present":
+    if before and params["pull"] in ("not_present", "never"):
         module.exit_json(changed=False, state="present", image_id=before)
+    if params["pull"] == "never":
+        module.fail_json(
+            msg="%s is not on this node and pull is never (llamafactory_pull): load it "
+            "(docker load) or set llamafactory_pull=not_present" % name,
+            state="absent",
+        )
     if module.check_mode:
         module.exit_json(
             changed=before is None,
@@ -337,7 +345,9 @@ def main():
     module = AnsibleModule(
         argument_spec=dict(
             name=dict(type="str", required=True),
-            pull=dict(type="str", choices=["always", "not_present"], default="not_present"),
+            pull=dict(
+                type="str", choices=["always", "not_present", "never"], default="not_present"
+            ),
             username=dict(type="str"),
             password=dict(type="str", no_log=True),
             timeout=dict(type="int", default=3600),
