@@ -56,6 +56,7 @@ attributes:
     support: full
     description: Changes nothing; the same settings give the same plan.
   platform:
+    support: full
     platforms: posix
     description: Runs on the controller.
 notes:

@@ -68,8 +68,9 @@ def test_every_problem_is_reported_at_once_before_any_node_is_touched(tmp_path):
     )
     assert result.rc != 0
     assert result.unreachable() == [], "a node was contacted before the input was checked"
-    (failure,) = result.failures().values()  # one failure, on the controller
-    text = " ".join(failure["msg"].split())
+    failures = list(result.failures().values())
+    assert len(failures) == 1, failures  # one failure, on the controller
+    text = " ".join(failures[0]["msg"].split())
     for fragment in [
         "5 problems",
         "llamafactory_master_port",

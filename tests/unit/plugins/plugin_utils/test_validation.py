@@ -737,7 +737,8 @@ def test_the_job_name_and_port_come_from_the_config_file_name(tmp_path):
     assert problems == []
     assert plan["job"] == "llama3-lora-sft"
     assert plan["master_port"] == v.derive_master_port("llama3-lora-sft")
-    plan, _ = check({"llamafactory_master_port": 45000, "preflight_port": None})
+    plan, problems = check({"llamafactory_master_port": 45000, "preflight_port": None})
+    assert problems == []
     assert (plan["master_port"], plan["preflight_port"]) == (45000, 25000)
 
 
