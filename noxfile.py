@@ -48,7 +48,7 @@ NOT_NEEDED = (
 os.environ["PATH"] = f"{Path(sys.executable).parent}{os.pathsep}{os.environ['PATH']}"
 os.environ.setdefault("ANSIBLE_CONFIG", str(ROOT / "ansible.cfg"))
 os.environ["PYTHONPATH"] = os.pathsep.join(
-    filter(None, [str(ROOT / "tools"), os.environ.get("PYTHONPATH")])
+    filter(None, [str(ROOT / "tools"), str(ROOT / "tests"), os.environ.get("PYTHONPATH")])
 )
 if CA_BUNDLE.is_file():  # ansible-test hands pip no CA settings of pip's own configuration
     os.environ.setdefault("PIP_CERT", str(CA_BUNDLE))
