@@ -8,7 +8,9 @@ still be reached. Every run here sets it back to True.
 
 from __future__ import annotations
 
+import json
 import os
+import subprocess
 import sys
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -126,3 +128,20 @@ def run(
         **kwargs,
     )
     return Run(runner.rc, runner.stats or {}, list(runner.events))
+
+
+def module(module_name: str, tmp_path: Path, path: str, /, **args) -> dict:
+    """The collection's module `module_name` run as Ansible runs it on a node (its own process, the
+    arguments as JSON), with PATH set to `path`; its result."""
+    (tmp_path / "args.json").write_text(json.dumps({"ANSIBLE_MODULE_ARGS": args}))
+    env = {"PATH": path, "PYTHONPATH": ENV["ANSIBLE_COLLECTIONS_PATH"], "HOME": str(tmp_path)}
+    source = ROOT / "plugins" / "modules" / f"{module_name}.py"
+    done = subprocess.run(
+        [sys.executable, str(source), str(tmp_path / "args.json")],
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=60,
+        check=False,
+    )
+    return json.loads(done.stdout)

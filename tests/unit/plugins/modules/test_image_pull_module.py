@@ -2,29 +2,13 @@
 against the dockerd stand-in of conftest.py: what it decides from the node's images before any
 registry is asked."""
 
-import json
-import subprocess
-import sys
-from pathlib import Path
+import ansible_run
 
-ROOT = Path(__file__).resolve().parents[4]
-MODULE = ROOT / "plugins" / "modules" / "image_pull.py"
 IMAGE = "registry.example:5000/hostnet/llamafactory:0.9.5"
 
 
 def run_module(tmp_path, **args):
-    (tmp_path / "args.json").write_text(json.dumps({"ANSIBLE_MODULE_ARGS": args}))
-    env = {"PATH": "/usr/bin:/bin", "PYTHONPATH": str(ROOT / ".cache" / "collections")}
-    env["HOME"] = str(tmp_path)
-    done = subprocess.run(
-        [sys.executable, str(MODULE), str(tmp_path / "args.json")],
-        capture_output=True,
-        text=True,
-        env=env,
-        timeout=60,
-        check=False,
-    )
-    return json.loads(done.stdout)
+    return ansible_run.module("image_pull", tmp_path, "/usr/bin:/bin", **args)
 
 
 def test_an_image_on_the_node_is_kept_without_asking_a_registry(tmp_path, dockerd, socket_path):

@@ -4,11 +4,10 @@ module run as Ansible runs it against a dockerd stand-in on a unix socket (conft
 
 import json
 import os
-import subprocess
-import sys
 import time
 from pathlib import Path
 
+import ansible_run
 import pytest
 from ansible_collections.hostnet.llamafactory.plugins.module_utils import _job as job
 from ansible_collections.hostnet.llamafactory.plugins.modules import job_status
@@ -101,28 +100,10 @@ def test_checkpoint_listing_of_a_missing_folder(tmp_path):
 
 # --- the module against a dockerd stand-in (conftest.py) ----------------------------------
 
-ROOT = Path(__file__).resolve().parents[4]
-MODULE = ROOT / "plugins" / "modules" / "job_status.py"
-
 
 def run_module(tmp_path, **args):
-    """The module as Ansible runs it (its own process, arguments as JSON), with no docker
-    command on PATH."""
-    (tmp_path / "args.json").write_text(json.dumps({"ANSIBLE_MODULE_ARGS": args}))
-    env = {
-        "PATH": str(tmp_path),  # nothing to run there
-        "PYTHONPATH": str(ROOT / ".cache" / "collections"),
-        "HOME": str(tmp_path),
-    }
-    done = subprocess.run(
-        [sys.executable, str(MODULE), str(tmp_path / "args.json")],
-        capture_output=True,
-        text=True,
-        env=env,
-        timeout=60,
-        check=False,
-    )
-    return json.loads(done.stdout)
+    """The module as Ansible runs it, with no docker command on PATH (nothing to run there)."""
+    return ansible_run.module("job_status", tmp_path, str(tmp_path), **args)
 
 
 def inspect(name):
