@@ -210,8 +210,7 @@ def plan(settings):
         nodes = settings.get("nodes") or {}
         if not nodes:
             raise FirewallError(
-                "no training nodes: put the VMs in the group named by gcp_firewall_group "
-                "(default llamafactory)"
+                "no training nodes: put the VMs in the inventory group llamafactory"
             )
         ranges = []
         for host in sorted(nodes):

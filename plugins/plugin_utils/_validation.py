@@ -1111,8 +1111,7 @@ def spec_options(roles_dir):
 
 
 def role_value_names(roles_dir):
-    """Names the roles define in defaults/ and vars/ main.yml (not user settings), and the
-    fact names they list in vars (for example launch_internal_facts)."""
+    """Names the roles define in defaults/ and vars/ main.yml (not user settings)."""
     defaults, fixed = set(), set()
     for role in sorted(os.listdir(roles_dir)):
         for folder, into in (("defaults", defaults), ("vars", fixed)):
@@ -1121,9 +1120,6 @@ def role_value_names(roles_dir):
                 continue
             data = read_yaml(path) or {}
             into.update(data)
-            for name, value in data.items():
-                if name.endswith("_internal_facts") and isinstance(value, list):
-                    fixed.update(str(v) for v in value)
     return defaults, fixed
 
 
