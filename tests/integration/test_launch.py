@@ -162,11 +162,12 @@ def test_a_rerun_attaches_to_the_running_job_and_a_change_restarts_when_allowed(
             before["State"]["StartedAt"],
         )
         assert after["State"]["ExitCode"] == 0 and not after["State"]["Running"]
-    # A changed job replaces the finished one only when allowed.
+    # A changed job replaces the finished one only when allowed (not waited for: stopped below).
     rc, _stats, failures, events = play(
         inventory,
         tmp_path / "restart",
         job,
+        launch_wait=False,
         llamafactory_train_overrides={**longer, "learning_rate": 0.002},
         launch_restart_on_change=True,
     )
@@ -175,6 +176,12 @@ def test_a_rerun_attaches_to_the_running_job_and_a_change_restarts_when_allowed(
     for vm, before in zip(vms, started, strict=True):
         assert container(vm, job)["Id"] != before["Id"]
         assert "learning_rate: 0.002" in vm.sh(f"cat {JOBS}/{job}/config.yaml").stdout
+    # stop.yml stops the running ranks (SIGTERM, then SIGKILL after llamafactory_stop_timeout).
+    rc, stats, failures, events = play(inventory, tmp_path / "stop", job, "playbooks/stop.yml")
+    assert rc == 0, failures
+    assert set(changed(stats)) == {"vm0", "vm1"}
+    for vm in vms:
+        assert not container(vm, job)["State"]["Running"]
 
 
 def decision_of(events):
