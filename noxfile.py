@@ -154,16 +154,10 @@ def molecule_command(scenario: str, platforms: list[str], unusable: list[str]) -
 
 SCENARIOS = sorted(p.parent.name for p in (ROOT / "molecule").glob("*/molecule.yml"))
 SCENARIOS.remove("default")  # a stub: molecule looks for it before every scenario (see it)
-# ./dev test runs the scenarios in two lanes at once (tags molecule-lane-a, molecule-lane-b; their
-# images differ, so no two lanes build one): they mostly wait on apt, systemd and dockerd.
-LANE_B = ("gcp_firewall", "nvidia_container_toolkit")
 
 
 @nox.session(venv_backend="none", default=False)
-@nox.parametrize(
-    "scenario",
-    [nox.param(s, tags=[f"molecule-lane-{'b' if s in LANE_B else 'a'}"]) for s in SCENARIOS],
-)
+@nox.parametrize("scenario", SCENARIOS)
 def molecule(session: nox.Session, scenario: str) -> None:
     """One molecule scenario, SKIPPED where its images cannot be built.
 
