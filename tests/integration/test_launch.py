@@ -7,12 +7,11 @@ job (the re-run of `e2e` and the resume of `e2e-kill`).
 """
 
 import json
-import subprocess
 import threading
 import time
 
 import pytest
-from conftest import JOBS, PULL_VARS, ROOT, TRAIN, container, play, run_playbook, summarize
+from conftest import JOBS, PULL_VARS, TRAIN, container, play, run_playbook, summarize
 
 pytestmark = pytest.mark.cluster  # brings up a local cluster
 
@@ -190,46 +189,6 @@ def decision_of(events):
         for e in events
         if e.get("event") == "runner_on_ok" and "Report the decision" in e["event_data"]["task"]
     )
-
-
-def test_data_on_a_shared_mount_is_read_in_place(train_cluster, tmp_path):
-    """A folder every node has mounted (Filestore, gcsfuse): the ranks read the dataset there,
-    through a read-only mount, and nothing is copied."""
-    inventory, vms = train_cluster
-    job = "e2e-shared"
-    data = ROOT / ".cache" / "assets" / "data"
-    for vm in vms:
-        vm.sh("rm -rf /srv/shared && mkdir -p /srv/shared/data")
-        subprocess.run(
-            ["docker", "cp", f"{data}/.", f"{vm.node['container']}:/srv/shared/data"],
-            check=True,
-            timeout=60,
-        )
-    try:
-        rc, _stats, failures, _events = play(
-            inventory,
-            tmp_path,
-            job,
-            llamafactory_shared_mounts=["/srv/shared"],
-            llamafactory_train_overrides={
-                "dataset_dir": "/srv/shared/data",
-                "max_steps": 4,
-                "save_steps": 4,
-            },
-        )
-        assert rc == 0, failures
-        for vm in vms:
-            info = container(vm, job)
-            assert info["State"]["ExitCode"] == 0
-            mounts = {m["Destination"]: m for m in info["Mounts"]}
-            assert mounts["/srv/shared"]["Source"] == "/srv/shared"
-            assert mounts["/srv/shared"]["RW"] is False
-            config = vm.sh(f"cat {JOBS}/{job}/config.yaml").stdout
-            assert "dataset_dir: /srv/shared/data" in config
-            assert vm.sh(f"test -e {JOBS}/{job}/data", check=False).returncode != 0
-    finally:
-        for vm in vms:
-            vm.sh("rm -rf /srv/shared", check=False)
 
 
 def test_check_mode_launches_nothing(train_cluster, tmp_path):

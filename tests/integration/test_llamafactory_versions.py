@@ -7,12 +7,16 @@ the demo's LoRA SFT without DeepSpeed: with 0.9.0's newest usable transformers (
 CPU image's torch 2.13, ZeRO-3 fails at the first scheduler step (DeepSpeed drops LoRA's empty
 no-decay parameter group, and torch 2.13 zips the groups strictly), so the ranks use plain DDP
 over Gloo.
+
+The same run reads its dataset from a shared mount (a folder every node has mounted, as from
+Filestore or gcsfuse): two independent checks of one training run.
 """
 
 import json
+import subprocess
 
 import pytest
-from conftest import JOBS, container, play
+from conftest import JOBS, ROOT, container, play
 from localcluster import cluster, registry, train_image
 
 pytestmark = pytest.mark.cluster  # brings up a local cluster
@@ -20,6 +24,7 @@ pytestmark = pytest.mark.cluster  # brings up a local cluster
 VERSION = "0.9.0"
 JOB = "lf090"
 STEPS = 4
+SHARED = "/srv/shared"
 
 
 def _messages(events, task):
@@ -44,12 +49,26 @@ def lf090(test_cluster, train_cluster, tmp_path_factory):
     found = registry.start(test_cluster[0], client, cluster.cache_dir())  # the session's
     image = registry.push(client, found, local, f"hostnet/llamafactory:{VERSION}-cpu")
     tmp = tmp_path_factory.mktemp(JOB)
+    data = ROOT / ".cache" / "assets" / "data"
+    for vm in vms:
+        vm.sh(f"rm -rf {SHARED} && mkdir -p {SHARED}/data")
+        subprocess.run(
+            ["docker", "cp", f"{data}/.", f"{vm.node['container']}:{SHARED}/data"],
+            check=True,
+            timeout=60,
+        )
     rc, _stats, failures, events = play(
         inventory,
         tmp / "train",
         JOB,
         llamafactory_image=image,
-        llamafactory_train_overrides={"deepspeed": None, "max_steps": STEPS, "save_steps": STEPS},
+        llamafactory_shared_mounts=[SHARED],
+        llamafactory_train_overrides={
+            "deepspeed": None,
+            "max_steps": STEPS,
+            "save_steps": STEPS,
+            "dataset_dir": f"{SHARED}/data",
+        },
     )
     yield {
         "rc": rc,
@@ -62,6 +81,8 @@ def lf090(test_cluster, train_cluster, tmp_path_factory):
     rc, _stats, failures, _events = play(
         inventory, tmp / "cleanup", JOB, "playbooks/cleanup.yml", job_admin_cleanup_outputs=True
     )
+    for vm in vms:
+        vm.sh(f"rm -rf {SHARED}", check=False)
     assert rc == 0, failures
 
 
@@ -90,3 +111,18 @@ def test_lf090_trains_two_nodes_and_the_preflight_says_it_reads_rank(lf090):
     assert "Total train batch size (w. parallel, distributed & accumulation) = 4" in text
     summary = _messages(lf090["events"], "Summarize")
     assert summary and f"job {JOB} finished: {STEPS} steps" in summary[0], summary
+
+
+def test_data_on_a_shared_mount_is_read_in_place(lf090):
+    """The ranks read the dataset in the shared folder through a read-only mount; nothing is
+    copied to the job's folder."""
+    assert lf090["rc"] == 0, lf090["failures"]
+    for vm in lf090["vms"]:
+        info = container(vm, JOB)
+        assert info["State"]["ExitCode"] == 0
+        mounts = {m["Destination"]: m for m in info["Mounts"]}
+        assert mounts[SHARED]["Source"] == SHARED
+        assert mounts[SHARED]["RW"] is False
+        config = vm.sh(f"cat {JOBS}/{JOB}/config.yaml").stdout
+        assert f"dataset_dir: {SHARED}/data" in config
+        assert vm.sh(f"test -e {JOBS}/{JOB}/data", check=False).returncode != 0
