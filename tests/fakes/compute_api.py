@@ -34,6 +34,17 @@ For the google.cloud.gcp_compute inventory plugin (.../rest/v1/instances/aggrega
   subnetwork links, networkIP, and accessConfigs [{natIP, type ONE_TO_ONE_NAT, name External
   NAT}] only where given (a VM without an external IP has none).
 
+It is checked against Google's published contract, not only against these notes:
+compute_contract.py loads the Compute Engine v1 discovery document that ships in
+google-api-python-client (compute.v1.json), and its validate_log takes this fake's log (GET
+history) and checks each exchange: the method and path are a method of the document, the path
+parameters match their patterns, the query parameters are the method's or the standard ones, the
+request body fits the method's request schema (a request that does not must have been refused),
+and the answer fits its response schema (no field the document lacks, int64 as strings, enums)
+or is Google's JSON error. tests/unit/fakes/test_compute_api.py,
+tests/unit/inventories/test_gcp_compute.py and the gcp_firewall molecule verifier assert that
+every exchange of their runs passes.
+
 It is reached the way the module allows: the module's URLs are fixed, so clients set
 HTTPS_PROXY=http://127.0.0.1:PORT and REQUESTS_CA_BUNDLE=STATE/ca.pem. CONNECT to
 compute.googleapis.com or www.googleapis.com:443 is answered here with TLS from a test CA (trustme)
@@ -41,7 +52,9 @@ and served from memory; CONNECT to any other host, and plain proxy requests, are
 logged. Nothing is forwarded: the fake never opens a connection of its own. It listens on
 127.0.0.1 only.
 
-Plain requests to /_fake/... are the tests' control API: GET requests (the log), DELETE requests,
+Plain requests to /_fake/... are the tests' control API: GET requests (the log: per request its
+method, host, path, query, body, status, response and, for an operation, its status), DELETE
+requests, GET history (every entry since the start, which neither reset nor DELETE clears),
 POST reset, POST config ({"operation_seconds": N or null for never, "deny": [PERMISSION...],
 "projects": {P: [NETWORK...]}, "page_size": N or null: at most N instances a page, as the real
 API may return fewer than maxResults}), GET firewalls, PUT firewalls/P/NAME (edit a rule behind
@@ -117,6 +130,7 @@ class Compute:
         self.token = token
         self.lock = threading.RLock()
         self.ids = itertools.count(int(time.time()) * 1000)
+        self.history = []  # every entry of the log since the start, kept through resets
         self.reset()
 
     def reset(self):
@@ -440,6 +454,7 @@ class Compute:
     def record(self, entry):
         with self.lock:
             self.log.append(entry)
+            self.history.append(entry)
 
     def put_firewall(self, project, name, rule):
         with self.lock:
@@ -676,6 +691,7 @@ class ApiHandler(Handler):
                 "query": parse_qs(url.query),
                 "body": body,
                 "status": status,
+                "response": payload,
                 "operation": operation,
                 "token_ok": status != 401,
             }
@@ -738,6 +754,9 @@ class ProxyHandler(Handler):
         if route == ("GET", "requests"):
             with compute.lock:
                 return self.answer(200, list(compute.log))
+        if route == ("GET", "history"):
+            with compute.lock:
+                return self.answer(200, list(compute.history))
         if route == ("DELETE", "requests"):
             with compute.lock:
                 compute.log.clear()

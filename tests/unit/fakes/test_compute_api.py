@@ -11,10 +11,18 @@ from pathlib import Path
 import pytest
 import requests
 
-FAKE = Path(__file__).resolve().parents[2] / "fakes" / "compute_api.py"
-SPEC = importlib.util.spec_from_file_location("compute_api", FAKE)
-compute_api = importlib.util.module_from_spec(SPEC)
-SPEC.loader.exec_module(compute_api)
+FAKES = Path(__file__).resolve().parents[2] / "fakes"
+
+
+def load(name):
+    spec = importlib.util.spec_from_file_location(name, FAKES / f"{name}.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+compute_api = load("compute_api")
+compute_contract = load("compute_contract")
 
 BASE = "https://compute.googleapis.com/compute/v1/projects/hlf-test/global"
 
@@ -35,6 +43,8 @@ def fake(tmp_path):
     server.shutdown()
     server.server_close()
     thread.join(5)
+    # Every exchange of the test kept Google's published contract (compute.v1.json).
+    assert compute_contract.validate_log(server.compute.history) == []
 
 
 def rule(name="r1", **fields):
@@ -182,3 +192,19 @@ def test_control_api(fake):
     assert json.loads(connection.getresponse().read()) == {"hlf-test/hand": {"name": "hand"}}
     connection.close()
     assert server.compute.log == []  # control calls are not API traffic
+
+
+def test_history_outlives_reset_and_clearing_the_log(fake):
+    server, session = fake
+    session.get(f"{BASE}/firewalls")
+    host, port = server.server_address
+    connection = http.client.HTTPConnection(host, port, timeout=5)
+    for method, path in (("DELETE", "/_fake/requests"), ("POST", "/_fake/reset")):
+        connection.request(method, path)
+        assert connection.getresponse().read() == b"{}"
+    connection.request("GET", "/_fake/history")
+    history = json.loads(connection.getresponse().read())
+    connection.close()
+    assert server.compute.log == []
+    assert [(e["method"], e["status"]) for e in history] == [("GET", 200)]
+    assert history[0]["response"]["kind"] == "compute#firewallList"
