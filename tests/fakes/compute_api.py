@@ -58,8 +58,10 @@ requests, GET history (every entry since the start, which neither reset nor DELE
 POST reset, POST config ({"operation_seconds": N or null for never, "deny": [PERMISSION...],
 "projects": {P: [NETWORK...]}, "page_size": N or null: at most N instances a page, as the real
 API may return fewer than maxResults}), GET firewalls, PUT firewalls/P/NAME (edit a rule behind
-the API's back, as someone in the console would), GET instances, PUT instances/P/ZONE/NAME (body:
-the instance resource; the fake fills in what the API always returns and answers the result).
+the API's back, as someone in the console would; kind, id, creationTimestamp, name and selfLink
+are filled in where missing, as every stored rule has them; answers the rule), GET instances,
+PUT instances/P/ZONE/NAME (body: the instance resource; the fake fills in what the API always
+returns and answers the result).
 
 Usage: python compute_api.py start|stop|serve --state DIR [--idle SECONDS]
   start daemonizes, waits until it answers, and writes DIR/client.json (proxy, CA, token, pid);
@@ -457,8 +459,16 @@ class Compute:
             self.history.append(entry)
 
     def put_firewall(self, project, name, rule):
+        """Store a rule as given, with what every stored rule has (kind, id, selfLink...)."""
         with self.lock:
+            rule = copy.deepcopy(rule) if isinstance(rule, dict) else {}
+            rule.setdefault("kind", "compute#firewall")
+            rule.setdefault("id", str(next(self.ids)))
+            rule.setdefault("creationTimestamp", now())
+            rule.setdefault("name", name)
+            rule.setdefault("selfLink", f"{LINK}projects/{project}/global/firewalls/{name}")
             self.firewalls[(project, name)] = rule
+            return copy.deepcopy(rule)
 
     def snapshot(self):
         with self.lock:
@@ -770,8 +780,9 @@ class ProxyHandler(Handler):
         if route == ("GET", "firewalls"):
             return self.answer(200, compute.snapshot())
         if route == ("PUT", "firewalls") and len(parts) == 3:
-            compute.put_firewall(unquote(parts[1]), unquote(parts[2]), body)
-            return self.answer(200, {})
+            return self.answer(
+                200, compute.put_firewall(unquote(parts[1]), unquote(parts[2]), body)
+            )
         if route == ("GET", "instances"):
             return self.answer(200, compute.instances_snapshot())
         if route == ("PUT", "instances") and len(parts) == 4:

@@ -186,10 +186,14 @@ def test_control_api(fake):
     server = fake[0]
     host, port = server.server_address
     connection = http.client.HTTPConnection(host, port, timeout=5)
-    connection.request("PUT", "/_fake/firewalls/hlf-test/hand", body=json.dumps({"name": "hand"}))
-    assert connection.getresponse().read() == b"{}"
+    connection.request("PUT", "/_fake/firewalls/hlf-test/hand", body=json.dumps({"priority": 5}))
+    stored = json.loads(connection.getresponse().read())
+    # What every stored rule has is filled in (a patch or delete answers its id and selfLink).
+    assert stored["id"].isdigit()
+    assert (stored["kind"], stored["name"], stored["priority"]) == ("compute#firewall", "hand", 5)
+    assert stored["selfLink"] == f"{compute_api.LINK}projects/hlf-test/global/firewalls/hand"
     connection.request("GET", "/_fake/firewalls")
-    assert json.loads(connection.getresponse().read()) == {"hlf-test/hand": {"name": "hand"}}
+    assert json.loads(connection.getresponse().read()) == {"hlf-test/hand": stored}
     connection.close()
     assert server.compute.log == []  # control calls are not API traffic
 
