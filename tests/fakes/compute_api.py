@@ -11,8 +11,10 @@ and .../globalOperations):
   the change lands when it is DONE (whether or not anyone polls), as on GCE;
   GET .../projects/P/global/operations/NAME polls it;
 - errors in Google's JSON shape, {"error": {"code", "message", "errors": [{"message", "domain",
-  "reason"}]}}: 400 invalid (bad name, CIDR, protocol, port, an immutable field patched), 401 for a
-  missing or wrong bearer token, 403 "Required 'PERMISSION' permission for 'RESOURCE'", 404
+  "reason"}]}}: 400 invalid (bad name, CIDR, protocol, port, an immutable field patched; a query
+  parameter the method does not take, "Invalid JSON payload received. Unknown name ..." with
+  status INVALID_ARGUMENT, as the API's front end answers), 401 for a missing or wrong bearer
+  token, 403 "Required 'PERMISSION' permission for 'RESOURCE'", 404
   "The resource 'projects/P[/global/...]' was not found", 409 alreadyExists;
 - the real defaults: network global/networks/default, priority 1000, direction INGRESS, and an
   INGRESS rule without sources gets sourceRanges ["0.0.0.0/0"]; links use
@@ -101,16 +103,36 @@ DEFAULT_PROJECTS = {"hlf-test": ["default", "hlf-net"]}
 # Every project's zones in an aggregated list (with the zones that hold an instance).
 ZONES = ("europe-west4-a", "us-central1-a", "us-central1-b", "us-central1-c")
 MAX_RESULTS = 500
+# The query parameters every method takes (the discovery document's standard parameters), and
+# those of the list methods.
+STANDARD_QUERY = {
+    "$.xgafv",
+    "access_token",
+    "alt",
+    "callback",
+    "fields",
+    "key",
+    "oauth_token",
+    "prettyPrint",
+    "quotaUser",
+    "uploadType",
+    "upload_protocol",
+    "userIp",
+}
+LIST_QUERY = ("filter", "maxResults", "orderBy", "pageToken")
 
 
 class ApiError(Exception):
-    def __init__(self, code, reason, message):
+    def __init__(self, code, reason, message, status=None):
         super().__init__(message)
-        self.code, self.reason, self.message = code, reason, message
+        self.code, self.reason, self.message, self.status = code, reason, message, status
 
     def body(self):
         error = {"message": self.message, "domain": "global", "reason": self.reason}
-        return {"error": {"code": self.code, "message": self.message, "errors": [error]}}
+        body = {"code": self.code, "message": self.message, "errors": [error]}
+        if self.status:
+            body["status"] = self.status
+        return {"error": body}
 
 
 def not_found(resource):
@@ -167,9 +189,7 @@ class Compute:
             self._finish_due_operations()
             if headers.get("Authorization") != f"Bearer {self.token}":
                 message = "Request had invalid authentication credentials."
-                error = ApiError(401, "authError", message).body()
-                error["error"]["status"] = "UNAUTHENTICATED"
-                return 401, error
+                return 401, ApiError(401, "authError", message, "UNAUTHENTICATED").body()
             try:
                 return 200, self._route(method, path, query, body)
             except ApiError as error:
@@ -182,6 +202,7 @@ class Compute:
                 raise not_found(f"projects/{match.group(1)}")
             if method != "GET":
                 raise ApiError(405, "httpMethodNotAllowed", "Method not allowed")
+            check_query(query, *LIST_QUERY, "includeAllScopes", "serviceProjectNumber")
             return self._aggregated_instances(match.group(1), query)
         match = re.fullmatch(
             r"/compute/v1/projects/([^/]+)/global/(firewalls|operations)(?:/([^/]+))?", path
@@ -189,25 +210,35 @@ class Compute:
         if not match:
             raise ApiError(404, "notFound", f"Not Found: {path}")
         project, kind, name = match.group(1), match.group(2), match.group(3)
-        if project not in self.projects:
-            raise not_found(f"projects/{project}")
         if kind == "operations":
             if method != "GET" or not name:
                 raise ApiError(405, "httpMethodNotAllowed", "Method not allowed")
+            check_query(query)
+            self._known_project(project)
             return self._get_operation(project, name)
-        if name is None:
-            if method == "GET":
-                return self._list(project, query.get("filter", [""])[0])
-            if method == "POST":
-                return self._insert(project, body)
-        else:
-            if method == "GET":
-                return self._get(project, name)
+        if name is None and method == "GET":
+            check_query(query, *LIST_QUERY)
+            self._known_project(project)
+            return self._list(project, query.get("filter", [""])[0])
+        if name is None and method == "POST":
+            check_query(query, "requestId")
+            self._known_project(project)
+            return self._insert(project, body)
+        if name is not None and method == "GET":
+            check_query(query)
+            self._known_project(project)
+            return self._get(project, name)
+        if name is not None and method in ("PATCH", "DELETE"):
+            check_query(query, "requestId")
+            self._known_project(project)
             if method == "PATCH":
                 return self._patch(project, name, body)
-            if method == "DELETE":
-                return self._delete(project, name)
+            return self._delete(project, name)
         raise ApiError(405, "httpMethodNotAllowed", "Method not allowed")
+
+    def _known_project(self, project):
+        if project not in self.projects:
+            raise not_found(f"projects/{project}")
 
     def _check(self, permission, resource):
         if permission in self.deny:
@@ -529,6 +560,18 @@ def normalize_network(project, value):
     if not re.fullmatch(r"projects/[^/]+/global/networks/[^/]+", value):
         return None
     return LINK + value
+
+
+def check_query(query, *names):
+    """ApiError(400) for a query parameter the method does not take, as the API's front end
+    refuses it before the method runs."""
+    for key in sorted(query):
+        if key not in STANDARD_QUERY and key not in names:
+            message = (
+                f'Invalid JSON payload received. Unknown name "{key}": Cannot bind query '
+                f"parameter. Field '{key}' could not be found in request message."
+            )
+            raise ApiError(400, "invalid", message, "INVALID_ARGUMENT")
 
 
 def check_protocol(field, entry):

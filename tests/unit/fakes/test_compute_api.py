@@ -153,6 +153,19 @@ def test_google_errors(fake):
     assert error(session.get(f"{BASE}/firewalls", params={"filter": "priority > 5"}))[0] == 400
 
 
+def test_query_parameter_the_method_does_not_take_is_refused(fake):
+    session = fake[1]
+    answer = session.get(f"{BASE}/firewalls/r1", params={"filter": 'name = "r1"'})
+    assert error(answer)[:3] == (400, 400, "invalid")
+    assert error(answer)[3].startswith('Invalid JSON payload received. Unknown name "filter"')
+    assert answer.json()["error"]["status"] == "INVALID_ARGUMENT"
+    assert error(session.delete(f"{BASE}/firewalls/r1", params={"force": "true"}))[0] == 400
+    # The method's own and the standard ones are taken.
+    params = {"filter": 'name = "x"', "maxResults": "5", "alt": "json", "prettyPrint": "false"}
+    assert session.get(f"{BASE}/firewalls", params=params).status_code == 200
+    assert session.delete(f"{BASE}/firewalls/r1", params={"requestId": "a"}).status_code == 404
+
+
 def test_ingress_without_sources_is_open_to_the_world(fake):
     # the real API's default, which makes a missing source so dangerous
     session = fake[1]
