@@ -6,7 +6,8 @@ and .../globalOperations):
 
 - firewalls: insert (POST .../projects/P/global/firewalls), get, patch (JSON merge patch: a list
   replaces the whole list, null removes a field), delete, and list (GET on the collection, with a
-  `filter` of `name = "x"` terms joined by OR, or `name eq REGEX`);
+  `filter` of `name = "x"` terms joined by OR, or `name eq REGEX`; paged by maxResults and
+  pageToken in order of name, as the aggregated list below);
 - each write answers a compute#operation, PENDING, then RUNNING until its time is up, then DONE;
   the change lands when it is DONE (whether or not anyone polls), as on GCE;
   GET .../projects/P/global/operations/NAME polls it;
@@ -58,7 +59,7 @@ Plain requests to /_fake/... are the tests' control API: GET requests (the log: 
 method, host, path, query, body, status, response and, for an operation, its status), DELETE
 requests, GET history (every entry since the start, which neither reset nor DELETE clears),
 POST reset, POST config ({"operation_seconds": N or null for never, "deny": [PERMISSION...],
-"projects": {P: [NETWORK...]}, "page_size": N or null: at most N instances a page, as the real
+"projects": {P: [NETWORK...]}, "page_size": N or null: at most N items a page of a list, as the real
 API may return fewer than maxResults}), GET firewalls, PUT firewalls/P/NAME (edit a rule behind
 the API's back, as someone in the console would; kind, id, creationTimestamp, name and selfLink
 are filled in where missing, as every stored rule has them; answers the rule), GET instances,
@@ -219,7 +220,7 @@ class Compute:
         if name is None and method == "GET":
             check_query(query, *LIST_QUERY)
             self._known_project(project)
-            return self._list(project, query.get("filter", [""])[0])
+            return self._list(project, query)
         if name is None and method == "POST":
             check_query(query, "requestId")
             self._known_project(project)
@@ -254,11 +255,13 @@ class Compute:
         self._check("compute.firewalls.get", f"projects/{project}/global/firewalls/{name}")
         return copy.deepcopy(self._existing(project, name))
 
-    def _list(self, project, expression):
+    def _list(self, project, query):
         self._check("compute.firewalls.list", f"projects/{project}")
+        expression = query.get("filter", [""])[0]
         keep = parse_filter(expression)
-        items = [
-            copy.deepcopy(rule)
+        start, size = self._page(query, expression)
+        matching = [
+            rule
             for (p, name), rule in sorted(self.firewalls.items())
             if p == project and keep(rule)
         ]
@@ -267,14 +270,15 @@ class Compute:
             "id": f"projects/{project}/global/firewalls",
             "selfLink": f"{LINK}projects/{project}/global/firewalls",
         }
+        items = [copy.deepcopy(rule) for rule in matching[start : start + size]]
         if items:  # the real API leaves "items" out of an empty list
             answer["items"] = items
+        if start + size < len(matching):
+            answer["nextPageToken"] = page_token(start + size, expression)
         return answer
 
-    def _aggregated_instances(self, project, query):
-        self._check("compute.instances.list", f"projects/{project}")
-        expression = query.get("filter", [""])[0]
-        keep = parse_instance_filter(expression)
+    def _page(self, query, expression):
+        """(start, size) of a list's page, from maxResults, pageToken and the page_size set."""
         try:
             size = int(query.get("maxResults", [MAX_RESULTS])[0])
         except ValueError:
@@ -282,7 +286,13 @@ class Compute:
         if not 0 <= size <= MAX_RESULTS:
             raise invalid("maxResults", query["maxResults"][0], "Must be between 0 and 500.")
         size = min(size or MAX_RESULTS, self.page_size or MAX_RESULTS)
-        start = self._page_start(query.get("pageToken", [""])[0], expression)
+        return self._page_start(query.get("pageToken", [""])[0], expression), size
+
+    def _aggregated_instances(self, project, query):
+        self._check("compute.instances.list", f"projects/{project}")
+        expression = query.get("filter", [""])[0]
+        keep = parse_instance_filter(expression)
+        start, size = self._page(query, expression)
         matching = [
             (zone, name)
             for (p, zone, name), instance in sorted(self.instances.items())
@@ -313,8 +323,7 @@ class Compute:
             "selfLink": f"{LINK}projects/{project}/aggregated/instances",
         }
         if start + size < len(matching):
-            token = json.dumps({"start": start + size, "filter": expression})
-            answer["nextPageToken"] = base64.urlsafe_b64encode(token.encode()).decode()
+            answer["nextPageToken"] = page_token(start + size, expression)
         return answer
 
     @staticmethod
@@ -545,6 +554,11 @@ class Compute:
             return {
                 f"{p}/{z}/{n}": copy.deepcopy(r) for (p, z, n), r in sorted(self.instances.items())
             }
+
+
+def page_token(start, expression):
+    token = json.dumps({"start": start, "filter": expression})
+    return base64.urlsafe_b64encode(token.encode()).decode()
 
 
 def normalize_network(project, value):

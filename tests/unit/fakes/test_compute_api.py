@@ -153,6 +153,21 @@ def test_google_errors(fake):
     assert error(session.get(f"{BASE}/firewalls", params={"filter": "priority > 5"}))[0] == 400
 
 
+def test_firewall_list_pages_by_max_results(fake):
+    session = fake[1]
+    for name in ("r1", "r2", "r3"):
+        wait_done(session, session.post(f"{BASE}/firewalls", json=rule(name)).json())
+    first = session.get(f"{BASE}/firewalls", params={"maxResults": "2"}).json()
+    assert [r["name"] for r in first["items"]] == ["r1", "r2"]
+    params = {"maxResults": "2", "pageToken": first["nextPageToken"]}
+    second = session.get(f"{BASE}/firewalls", params=params).json()
+    assert [r["name"] for r in second["items"]] == ["r3"]
+    assert "nextPageToken" not in second
+    assert error(session.get(f"{BASE}/firewalls", params={"maxResults": "501"}))[0] == 400
+    params = {"filter": 'name = "r1"', "pageToken": first["nextPageToken"]}
+    assert error(session.get(f"{BASE}/firewalls", params=params))[0] == 400  # another filter's
+
+
 def test_query_parameter_the_method_does_not_take_is_refused(fake):
     session = fake[1]
     answer = session.get(f"{BASE}/firewalls/r1", params={"filter": 'name = "r1"'})
