@@ -12,7 +12,8 @@ and .../globalOperations):
   the change lands when it is DONE (whether or not anyone polls), as on GCE;
   GET .../projects/P/global/operations/NAME polls it;
 - errors in Google's JSON shape, {"error": {"code", "message", "errors": [{"message", "domain",
-  "reason"}]}}: 400 invalid (bad name, CIDR, protocol, port, an immutable field patched; a query
+  "reason"}]}}: 400 required (a rule's name, which insert and patch both need), 400 invalid
+  (bad name, CIDR, protocol, port, an immutable field patched; a query
   parameter the method does not take, "Invalid JSON payload received. Unknown name ..." with
   status INVALID_ARGUMENT, as the API's front end answers), 401 for a missing or wrong bearer
   token, 403 "Required 'PERMISSION' permission for 'RESOURCE'", 404
@@ -142,6 +143,10 @@ def not_found(resource):
 
 def invalid(field, value, why):
     return ApiError(400, "invalid", f"Invalid value for field '{field}': '{value}'. {why}")
+
+
+def required(field):
+    return ApiError(400, "required", f"Required field '{field}' not specified")
 
 
 def now():
@@ -340,8 +345,10 @@ class Compute:
         return start
 
     def _insert(self, project, body):
-        name = (body or {}).get("name", "")
-        if not NAME_RE.match(name or ""):
+        name = (body or {}).get("name")
+        if not name:
+            raise required("resource.name")
+        if not NAME_RE.match(str(name)):
             raise invalid("resource.name", name, f"Must be a match of regex '{NAME_RE.pattern}'")
         resource = f"projects/{project}/global/firewalls/{name}"
         self._check("compute.firewalls.create", resource)
@@ -365,6 +372,8 @@ class Compute:
         resource = f"projects/{project}/global/firewalls/{name}"
         current = self._existing(project, name)
         self._check("compute.firewalls.update", resource)
+        if not (body or {}).get("name"):
+            raise required("resource.name")  # the document: required by insert and patch
         merged = copy.deepcopy(current)
         for key, value in (body or {}).items():
             if key in ("kind", "id", "creationTimestamp", "selfLink"):

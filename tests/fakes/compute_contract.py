@@ -15,7 +15,9 @@ shape of Google's JSON errors, which the document does not describe
   the method has none; a 4xx/5xx body in Google's error shape, its code the HTTP status.
 - Schemas: `$ref`s, properties of type string, integer, boolean, number, array and object (a
   map where `additionalProperties`), `format` (int64/uint64 as decimal strings, int32/uint32
-  ranges, byte as base64), `enum` and `pattern`. A property the schema lacks is an error, in
+  ranges, byte as base64), `enum` and `pattern`; in a request, the properties the document
+  annotates as required by the method (a firewall's name for insert and patch). A property the
+  schema lacks is an error, in
   a request (the API answers 400 to one) as in a response (the fake must not invent fields); so
   is a null or an empty list in a response (the API leaves such fields out).
 - validate_log: the fake's recorded exchanges (compute_api.py's log). A request the contract
@@ -279,6 +281,10 @@ class Contract:
         properties = schema.get("properties")
         extra = schema.get("additionalProperties")
         problems = []
+        for key, sub in (properties or {}).items():
+            required = sub.get("annotations", {}).get("required", ())
+            if side == "request" and method_id in required and value.get(key) is None:
+                problems.append(f"{method_id}: {side} {path}.{key}: required by the method")
         for key, item in value.items():
             if properties and key in properties:
                 sub, item_path = properties[key], f"{path}.{key}"

@@ -80,7 +80,9 @@ def test_insert_get_patch_delete_through_operations(fake):
 
     wait_done(
         session,
-        session.patch(f"{BASE}/firewalls/r1", json={"sourceRanges": ["10.0.0.2/32"]}).json(),
+        session.patch(
+            f"{BASE}/firewalls/r1", json={"name": "r1", "sourceRanges": ["10.0.0.2/32"]}
+        ).json(),
     )
     assert session.get(f"{BASE}/firewalls/r1").json()["sourceRanges"] == ["10.0.0.2/32"]
     listed = session.get(
@@ -126,7 +128,11 @@ def test_google_errors(fake):
     )
     assert error(session.post(f"{BASE}/firewalls", json=rule("r2", sourceRanges=["x"])))[0] == 400
     assert (
-        error(session.patch(f"{BASE}/firewalls/r1", json={"network": "global/networks/hlf-net"}))[0]
+        error(
+            session.patch(
+                f"{BASE}/firewalls/r1", json={"name": "r1", "network": "global/networks/hlf-net"}
+            )
+        )[0]
         == 400
     )
     code, _code, reason, message = error(
@@ -166,6 +172,27 @@ def test_firewall_list_pages_by_max_results(fake):
     assert error(session.get(f"{BASE}/firewalls", params={"maxResults": "501"}))[0] == 400
     params = {"filter": 'name = "r1"', "pageToken": first["nextPageToken"]}
     assert error(session.get(f"{BASE}/firewalls", params=params))[0] == 400  # another filter's
+
+
+def test_a_rules_name_is_required_by_insert_and_patch(fake):
+    # The discovery document annotates Firewall.name as required by both methods.
+    session = fake[1]
+    wait_done(session, session.post(f"{BASE}/firewalls", json=rule()).json())
+    for answer in (
+        session.post(f"{BASE}/firewalls", json={**rule(), "name": None}),
+        session.patch(f"{BASE}/firewalls/r1", json={"priority": 5}),
+    ):
+        assert error(answer) == (
+            400,
+            400,
+            "required",
+            "Required field 'resource.name' not specified",
+        )
+    assert error(session.patch(f"{BASE}/firewalls/r1", json={"name": "r2"}))[:3] == (
+        400,
+        400,
+        "invalid",
+    )
 
 
 def test_query_parameter_the_method_does_not_take_is_refused(fake):

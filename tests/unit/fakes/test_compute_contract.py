@@ -75,7 +75,8 @@ def entry(method, path, status, response, query=None, body=None, host="compute.g
 def test_the_roles_requests_are_methods_of_the_document(root):
     base = f"{root}/compute/v1/projects/hlf-test/global"
     assert validate_request("POST", f"{base}/firewalls", {}, RULE) == []
-    assert validate_request("PATCH", f"{base}/firewalls/r1", {}, {"sourceRanges": None}) == []
+    patch = {"name": "r1", "sourceRanges": None}  # a null removes a field
+    assert validate_request("PATCH", f"{base}/firewalls/r1", {}, patch) == []
     assert validate_request("DELETE", f"{base}/firewalls/r1", {"requestId": ["a-b"]}) == []
     query = {"filter": ['(name = "a") OR (name = "b")'], "alt": ["json"], "prettyPrint": ["false"]}
     assert validate_request("GET", f"{base}/firewalls", query) == []
@@ -263,6 +264,18 @@ def test_null_and_empty_lists_are_not_in_answers():
         "compute.firewalls.get: response $.targetTags: "
         "an empty list (the API leaves empty lists out)",
     ]
+
+
+def test_property_the_method_requires():
+    # Firewall.name is annotated as required by compute.firewalls.insert and .patch only.
+    url = f"{API}/global/firewalls"
+    assert validate_request("PATCH", f"{url}/r1", {}, {"priority": 5}) == [
+        "compute.firewalls.patch: request $.name: required by the method"
+    ]
+    assert validate_request("POST", url, {}, {**RULE, "name": None}) == [
+        "compute.firewalls.insert: request $.name: required by the method"
+    ]
+    assert validate_request("PUT", f"{url}/r1", {}, {"priority": 5}) == []  # update: not annotated
 
 
 def test_body_where_the_method_takes_none_or_needs_one():
