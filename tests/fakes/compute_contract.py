@@ -37,7 +37,7 @@ import importlib.util
 import json
 import re
 from pathlib import Path
-from urllib.parse import unquote, urlsplit
+from urllib.parse import parse_qs, unquote, urlsplit
 
 DOCUMENT = "discovery_cache/documents/compute.v1.json"
 API_ROOTS = ("https://compute.googleapis.com/", "https://www.googleapis.com/")
@@ -175,17 +175,20 @@ class Contract:
         return method, {n: unquote(v) for n, v in zip(method.path_names, values, strict=True)}
 
     def validate_request(self, http_method, url, query=None, body=None):
-        """Problems with one request (query: name -> list of values, as parse_qs gives)."""
+        """Problems with one request (query: name -> list of values, as parse_qs gives; by
+        default the URL's own)."""
+        if query is None:
+            query = parse_qs(urlsplit(url).query, keep_blank_values=True)
         method, params = self.match(http_method, url)
         if method is None:
             return [f"{http_method} {url}: unknown method: {params}"]
         problems = []
         for name, value in params.items():
             problems += self._parameter(method, name, [value], "path")
-        for name, values in sorted((query or {}).items()):
+        for name, values in sorted(query.items()):
             problems += self._parameter(method, name, values, "query")
         for name, spec in sorted(method.parameters.items()):
-            if spec.get("required") and spec["location"] == "query" and name not in (query or {}):
+            if spec.get("required") and spec["location"] == "query" and name not in query:
                 problems.append(f"{method.id}: query parameter {name} is required")
         schema = method.doc.get("request")
         if schema is None:

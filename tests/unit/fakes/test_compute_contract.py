@@ -178,7 +178,7 @@ def test_bad_path_parameter():
 def test_unknown_query_parameter():
     problems = validate_request("GET", f"{API}/global/firewalls/r1", {"filter": ["name = x"]})
     assert problems == ["compute.firewalls.get: query parameter filter: unknown to the method"]
-    problems = validate_request("GET", f"{API}/global/firewalls", {"limit": ["5"]})
+    problems = validate_request("GET", f"{API}/global/firewalls?limit=5&maxResults=5")
     assert problems == ["compute.firewalls.list: query parameter limit: unknown to the method"]
 
 
