@@ -13,11 +13,11 @@ and .../globalOperations):
   GET .../projects/P/global/operations/NAME polls it;
 - errors in Google's JSON shape, {"error": {"code", "message", "errors": [{"message", "domain",
   "reason"}]}}: 400 required (a rule's name, which insert and patch both need), 400 invalid
-  (bad name, CIDR, protocol, port, an immutable field patched; a query
-  parameter the method does not take, "Invalid JSON payload received. Unknown name ..." with
-  status INVALID_ARGUMENT, as the API's front end answers), 401 for a missing or wrong bearer
-  token, 403 "Required 'PERMISSION' permission for 'RESOURCE'", 404
-  "The resource 'projects/P[/global/...]' was not found", 409 alreadyExists;
+  (bad name, CIDR, protocol, port, an immutable field patched; a query parameter the method
+  does not take: "Invalid JSON payload received. Unknown name ..." with status
+  INVALID_ARGUMENT, as the API's front end answers), 401 for a missing or wrong bearer token,
+  403 "Required 'PERMISSION' permission for 'RESOURCE'", 404 "The resource
+  'projects/P[/global/...]' was not found", 409 alreadyExists;
 - the real defaults: network global/networks/default, priority 1000, direction INGRESS, and an
   INGRESS rule without sources gets sourceRanges ["0.0.0.0/0"]; links use
   https://www.googleapis.com/compute/v1/ (the module fetches an operation's targetLink there).
@@ -60,8 +60,8 @@ Plain requests to /_fake/... are the tests' control API: GET requests (the log: 
 method, host, path, query, body, status, response and, for an operation, its status), DELETE
 requests, GET history (every entry since the start, which neither reset nor DELETE clears),
 POST reset, POST config ({"operation_seconds": N or null for never, "deny": [PERMISSION...],
-"projects": {P: [NETWORK...]}, "page_size": N or null: at most N items a page of a list, as the real
-API may return fewer than maxResults}), GET firewalls, PUT firewalls/P/NAME (edit a rule behind
+"projects": {P: [NETWORK...]}, "page_size": N or null: at most N items a list's page, as the
+real API may return fewer than maxResults}), GET firewalls, PUT firewalls/P/NAME (edit a rule behind
 the API's back, as someone in the console would; kind, id, creationTimestamp, name and selfLink
 are filled in where missing, as every stored rule has them; answers the rule), GET instances,
 PUT instances/P/ZONE/NAME (body: the instance resource; the fake fills in what the API always
