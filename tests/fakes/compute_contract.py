@@ -19,7 +19,8 @@ shape of Google's JSON errors, which the document does not describe
   annotates as required by the method (a firewall's name for insert and patch). A property the
   schema lacks is an error, in
   a request (the API answers 400 to one) as in a response (the fake must not invent fields); so
-  is a null or an empty list in a response (the API leaves such fields out).
+  is a null or an empty list in a response (the API leaves such fields out), and a `kind`
+  other than the schema's (compute#firewall for a Firewall).
 - validate_log: the fake's recorded exchanges (compute_api.py's log). A request the contract
   does not allow must have been refused with an error, as the API would: tests send bad names
   on purpose; a fake that accepted one would be wrong.
@@ -299,6 +300,8 @@ class Contract:
                 problems.append(f"{method_id}: {side} {path}.{key}: unknown property")
                 continue
             problems += self._value(method_id, side, sub, item, item_path)
+            if side == "response" and key == "kind" and item != sub.get("default", item):
+                problems.append(f"{method_id}: {side} {item_path}: {item!r}, not {sub['default']}")
         return problems
 
 

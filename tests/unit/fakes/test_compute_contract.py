@@ -257,6 +257,13 @@ def test_bad_int64_format(value, why):
     ]
 
 
+def test_kind_is_the_schemas():
+    answer = {**OPERATION, "kind": "compute#firewall"}
+    assert validate_response("compute.firewalls.insert", 200, answer) == [
+        "compute.firewalls.insert: response $.kind: 'compute#firewall', not compute#operation"
+    ]
+
+
 def test_null_and_empty_lists_are_not_in_answers():
     answer = {**STORED, "description": None, "targetTags": []}
     assert validate_response("compute.firewalls.get", 200, answer) == [
