@@ -6,14 +6,18 @@ and .../globalOperations):
 
 - firewalls: insert (POST .../projects/P/global/firewalls), get, patch (JSON merge patch: a list
   replaces the whole list, null removes a field), delete, and list (GET on the collection, with a
-  `filter` of `name = "x"` terms joined by OR, or `name eq REGEX`);
+  `filter` of `name = "x"` terms joined by OR, or `name eq REGEX`; paged by maxResults and
+  pageToken in order of name, as the aggregated list below);
 - each write answers a compute#operation, PENDING, then RUNNING until its time is up, then DONE;
   the change lands when it is DONE (whether or not anyone polls), as on GCE;
   GET .../projects/P/global/operations/NAME polls it;
 - errors in Google's JSON shape, {"error": {"code", "message", "errors": [{"message", "domain",
-  "reason"}]}}: 400 invalid (bad name, CIDR, protocol, port, an immutable field patched), 401 for a
-  missing or wrong bearer token, 403 "Required 'PERMISSION' permission for 'RESOURCE'", 404
-  "The resource 'projects/P[/global/...]' was not found", 409 alreadyExists;
+  "reason"}]}}: 400 required (a rule's name, which insert and patch both need), 400 invalid
+  (bad name, CIDR, protocol, port, an immutable field patched; a query parameter the method
+  does not take: "Invalid JSON payload received. Unknown name ..." with status
+  INVALID_ARGUMENT, as the API's front end answers), 401 for a missing or wrong bearer token,
+  403 "Required 'PERMISSION' permission for 'RESOURCE'", 404 "The resource
+  'projects/P[/global/...]' was not found", 409 alreadyExists;
 - the real defaults: network global/networks/default, priority 1000, direction INGRESS, and an
   INGRESS rule without sources gets sourceRanges ["0.0.0.0/0"]; links use
   https://www.googleapis.com/compute/v1/ (the module fetches an operation's targetLink there).
@@ -34,6 +38,17 @@ For the google.cloud.gcp_compute inventory plugin (.../rest/v1/instances/aggrega
   subnetwork links, networkIP, and accessConfigs [{natIP, type ONE_TO_ONE_NAT, name External
   NAT}] only where given (a VM without an external IP has none).
 
+It is checked against Google's published contract, not only against these notes:
+compute_contract.py loads the Compute Engine v1 discovery document that ships in
+google-api-python-client (compute.v1.json), and its validate_log takes this fake's log (GET
+history) and checks each exchange: the method and path are a method of the document, the path
+parameters match their patterns, the query parameters are the method's or the standard ones, the
+request body fits the method's request schema (a request that does not must have been refused),
+and the answer fits its response schema (no field the document lacks, int64 as strings, enums)
+or is Google's JSON error. tests/unit/fakes/test_compute_api.py,
+tests/unit/inventories/test_gcp_compute.py and the gcp_firewall molecule verifier assert that
+every exchange of their runs passes.
+
 It is reached the way the module allows: the module's URLs are fixed, so clients set
 HTTPS_PROXY=http://127.0.0.1:PORT and REQUESTS_CA_BUNDLE=STATE/ca.pem. CONNECT to
 compute.googleapis.com or www.googleapis.com:443 is answered here with TLS from a test CA (trustme)
@@ -41,12 +56,16 @@ and served from memory; CONNECT to any other host, and plain proxy requests, are
 logged. Nothing is forwarded: the fake never opens a connection of its own. It listens on
 127.0.0.1 only.
 
-Plain requests to /_fake/... are the tests' control API: GET requests (the log), DELETE requests,
+Plain requests to /_fake/... are the tests' control API: GET requests (the log: per request its
+method, host, path, query, body, status, response and, for an operation, its status), DELETE
+requests, GET history (every entry since the start, which neither reset nor DELETE clears),
 POST reset, POST config ({"operation_seconds": N or null for never, "deny": [PERMISSION...],
-"projects": {P: [NETWORK...]}, "page_size": N or null: at most N instances a page, as the real
-API may return fewer than maxResults}), GET firewalls, PUT firewalls/P/NAME (edit a rule behind
-the API's back, as someone in the console would), GET instances, PUT instances/P/ZONE/NAME (body:
-the instance resource; the fake fills in what the API always returns and answers the result).
+"projects": {P: [NETWORK...]}, "page_size": N or null: at most N items a list's page, as the
+real API may return fewer than maxResults}), GET firewalls, PUT firewalls/P/NAME (edit a rule behind
+the API's back, as someone in the console would; kind, id, creationTimestamp, name and selfLink
+are filled in where missing, as every stored rule has them; answers the rule), GET instances,
+PUT instances/P/ZONE/NAME (body: the instance resource; the fake fills in what the API always
+returns and answers the result).
 
 Usage: python compute_api.py start|stop|serve --state DIR [--idle SECONDS]
   start daemonizes, waits until it answers, and writes DIR/client.json (proxy, CA, token, pid);
@@ -86,16 +105,36 @@ DEFAULT_PROJECTS = {"hlf-test": ["default", "hlf-net"]}
 # Every project's zones in an aggregated list (with the zones that hold an instance).
 ZONES = ("europe-west4-a", "us-central1-a", "us-central1-b", "us-central1-c")
 MAX_RESULTS = 500
+# The query parameters every method takes (the discovery document's standard parameters), and
+# those of the list methods.
+STANDARD_QUERY = {
+    "$.xgafv",
+    "access_token",
+    "alt",
+    "callback",
+    "fields",
+    "key",
+    "oauth_token",
+    "prettyPrint",
+    "quotaUser",
+    "uploadType",
+    "upload_protocol",
+    "userIp",
+}
+LIST_QUERY = ("filter", "maxResults", "orderBy", "pageToken")
 
 
 class ApiError(Exception):
-    def __init__(self, code, reason, message):
+    def __init__(self, code, reason, message, status=None):
         super().__init__(message)
-        self.code, self.reason, self.message = code, reason, message
+        self.code, self.reason, self.message, self.status = code, reason, message, status
 
     def body(self):
         error = {"message": self.message, "domain": "global", "reason": self.reason}
-        return {"error": {"code": self.code, "message": self.message, "errors": [error]}}
+        body = {"code": self.code, "message": self.message, "errors": [error]}
+        if self.status:
+            body["status"] = self.status
+        return {"error": body}
 
 
 def not_found(resource):
@@ -104,6 +143,10 @@ def not_found(resource):
 
 def invalid(field, value, why):
     return ApiError(400, "invalid", f"Invalid value for field '{field}': '{value}'. {why}")
+
+
+def required(field):
+    return ApiError(400, "required", f"Required field '{field}' not specified")
 
 
 def now():
@@ -117,6 +160,7 @@ class Compute:
         self.token = token
         self.lock = threading.RLock()
         self.ids = itertools.count(int(time.time()) * 1000)
+        self.history = []  # every entry of the log since the start, kept through resets
         self.reset()
 
     def reset(self):
@@ -151,9 +195,7 @@ class Compute:
             self._finish_due_operations()
             if headers.get("Authorization") != f"Bearer {self.token}":
                 message = "Request had invalid authentication credentials."
-                error = ApiError(401, "authError", message).body()
-                error["error"]["status"] = "UNAUTHENTICATED"
-                return 401, error
+                return 401, ApiError(401, "authError", message, "UNAUTHENTICATED").body()
             try:
                 return 200, self._route(method, path, query, body)
             except ApiError as error:
@@ -166,6 +208,7 @@ class Compute:
                 raise not_found(f"projects/{match.group(1)}")
             if method != "GET":
                 raise ApiError(405, "httpMethodNotAllowed", "Method not allowed")
+            check_query(query, *LIST_QUERY, "includeAllScopes", "serviceProjectNumber")
             return self._aggregated_instances(match.group(1), query)
         match = re.fullmatch(
             r"/compute/v1/projects/([^/]+)/global/(firewalls|operations)(?:/([^/]+))?", path
@@ -173,25 +216,35 @@ class Compute:
         if not match:
             raise ApiError(404, "notFound", f"Not Found: {path}")
         project, kind, name = match.group(1), match.group(2), match.group(3)
-        if project not in self.projects:
-            raise not_found(f"projects/{project}")
         if kind == "operations":
             if method != "GET" or not name:
                 raise ApiError(405, "httpMethodNotAllowed", "Method not allowed")
+            check_query(query)
+            self._known_project(project)
             return self._get_operation(project, name)
-        if name is None:
-            if method == "GET":
-                return self._list(project, query.get("filter", [""])[0])
-            if method == "POST":
-                return self._insert(project, body)
-        else:
-            if method == "GET":
-                return self._get(project, name)
+        if name is None and method == "GET":
+            check_query(query, *LIST_QUERY)
+            self._known_project(project)
+            return self._list(project, query)
+        if name is None and method == "POST":
+            check_query(query, "requestId")
+            self._known_project(project)
+            return self._insert(project, body)
+        if name is not None and method == "GET":
+            check_query(query)
+            self._known_project(project)
+            return self._get(project, name)
+        if name is not None and method in ("PATCH", "DELETE"):
+            check_query(query, "requestId")
+            self._known_project(project)
             if method == "PATCH":
                 return self._patch(project, name, body)
-            if method == "DELETE":
-                return self._delete(project, name)
+            return self._delete(project, name)
         raise ApiError(405, "httpMethodNotAllowed", "Method not allowed")
+
+    def _known_project(self, project):
+        if project not in self.projects:
+            raise not_found(f"projects/{project}")
 
     def _check(self, permission, resource):
         if permission in self.deny:
@@ -207,11 +260,13 @@ class Compute:
         self._check("compute.firewalls.get", f"projects/{project}/global/firewalls/{name}")
         return copy.deepcopy(self._existing(project, name))
 
-    def _list(self, project, expression):
+    def _list(self, project, query):
         self._check("compute.firewalls.list", f"projects/{project}")
+        expression = query.get("filter", [""])[0]
         keep = parse_filter(expression)
-        items = [
-            copy.deepcopy(rule)
+        start, size = self._page(query, expression)
+        matching = [
+            rule
             for (p, name), rule in sorted(self.firewalls.items())
             if p == project and keep(rule)
         ]
@@ -220,14 +275,15 @@ class Compute:
             "id": f"projects/{project}/global/firewalls",
             "selfLink": f"{LINK}projects/{project}/global/firewalls",
         }
+        items = [copy.deepcopy(rule) for rule in matching[start : start + size]]
         if items:  # the real API leaves "items" out of an empty list
             answer["items"] = items
+        if start + size < len(matching):
+            answer["nextPageToken"] = page_token(start + size, expression)
         return answer
 
-    def _aggregated_instances(self, project, query):
-        self._check("compute.instances.list", f"projects/{project}")
-        expression = query.get("filter", [""])[0]
-        keep = parse_instance_filter(expression)
+    def _page(self, query, expression):
+        """(start, size) of a list's page, from maxResults, pageToken and the page_size set."""
         try:
             size = int(query.get("maxResults", [MAX_RESULTS])[0])
         except ValueError:
@@ -235,7 +291,13 @@ class Compute:
         if not 0 <= size <= MAX_RESULTS:
             raise invalid("maxResults", query["maxResults"][0], "Must be between 0 and 500.")
         size = min(size or MAX_RESULTS, self.page_size or MAX_RESULTS)
-        start = self._page_start(query.get("pageToken", [""])[0], expression)
+        return self._page_start(query.get("pageToken", [""])[0], expression), size
+
+    def _aggregated_instances(self, project, query):
+        self._check("compute.instances.list", f"projects/{project}")
+        expression = query.get("filter", [""])[0]
+        keep = parse_instance_filter(expression)
+        start, size = self._page(query, expression)
         matching = [
             (zone, name)
             for (p, zone, name), instance in sorted(self.instances.items())
@@ -266,8 +328,7 @@ class Compute:
             "selfLink": f"{LINK}projects/{project}/aggregated/instances",
         }
         if start + size < len(matching):
-            token = json.dumps({"start": start + size, "filter": expression})
-            answer["nextPageToken"] = base64.urlsafe_b64encode(token.encode()).decode()
+            answer["nextPageToken"] = page_token(start + size, expression)
         return answer
 
     @staticmethod
@@ -284,8 +345,10 @@ class Compute:
         return start
 
     def _insert(self, project, body):
-        name = (body or {}).get("name", "")
-        if not NAME_RE.match(name or ""):
+        name = (body or {}).get("name")
+        if not name:
+            raise required("resource.name")
+        if not NAME_RE.match(str(name)):
             raise invalid("resource.name", name, f"Must be a match of regex '{NAME_RE.pattern}'")
         resource = f"projects/{project}/global/firewalls/{name}"
         self._check("compute.firewalls.create", resource)
@@ -309,6 +372,8 @@ class Compute:
         resource = f"projects/{project}/global/firewalls/{name}"
         current = self._existing(project, name)
         self._check("compute.firewalls.update", resource)
+        if not (body or {}).get("name"):
+            raise required("resource.name")  # the document: required by insert and patch
         merged = copy.deepcopy(current)
         for key, value in (body or {}).items():
             if key in ("kind", "id", "creationTimestamp", "selfLink"):
@@ -440,10 +505,19 @@ class Compute:
     def record(self, entry):
         with self.lock:
             self.log.append(entry)
+            self.history.append(entry)
 
     def put_firewall(self, project, name, rule):
+        """Store a rule as given, with what every stored rule has (kind, id, selfLink...)."""
         with self.lock:
+            rule = copy.deepcopy(rule) if isinstance(rule, dict) else {}
+            rule.setdefault("kind", "compute#firewall")
+            rule.setdefault("id", str(next(self.ids)))
+            rule.setdefault("creationTimestamp", now())
+            rule.setdefault("name", name)
+            rule.setdefault("selfLink", f"{LINK}projects/{project}/global/firewalls/{name}")
             self.firewalls[(project, name)] = rule
+            return copy.deepcopy(rule)
 
     def snapshot(self):
         with self.lock:
@@ -491,6 +565,11 @@ class Compute:
             }
 
 
+def page_token(start, expression):
+    token = json.dumps({"start": start, "filter": expression})
+    return base64.urlsafe_b64encode(token.encode()).decode()
+
+
 def normalize_network(project, value):
     """A network reference in any of the API's accepted forms, as its www.googleapis.com link."""
     value = str(value)
@@ -504,6 +583,18 @@ def normalize_network(project, value):
     if not re.fullmatch(r"projects/[^/]+/global/networks/[^/]+", value):
         return None
     return LINK + value
+
+
+def check_query(query, *names):
+    """ApiError(400) for a query parameter the method does not take, as the API's front end
+    refuses it before the method runs."""
+    for key in sorted(query):
+        if key not in STANDARD_QUERY and key not in names:
+            message = (
+                f'Invalid JSON payload received. Unknown name "{key}": Cannot bind query '
+                f"parameter. Field '{key}' could not be found in request message."
+            )
+            raise ApiError(400, "invalid", message, "INVALID_ARGUMENT")
 
 
 def check_protocol(field, entry):
@@ -676,6 +767,7 @@ class ApiHandler(Handler):
                 "query": parse_qs(url.query),
                 "body": body,
                 "status": status,
+                "response": payload,
                 "operation": operation,
                 "token_ok": status != 401,
             }
@@ -738,6 +830,9 @@ class ProxyHandler(Handler):
         if route == ("GET", "requests"):
             with compute.lock:
                 return self.answer(200, list(compute.log))
+        if route == ("GET", "history"):
+            with compute.lock:
+                return self.answer(200, list(compute.history))
         if route == ("DELETE", "requests"):
             with compute.lock:
                 compute.log.clear()
@@ -751,8 +846,9 @@ class ProxyHandler(Handler):
         if route == ("GET", "firewalls"):
             return self.answer(200, compute.snapshot())
         if route == ("PUT", "firewalls") and len(parts) == 3:
-            compute.put_firewall(unquote(parts[1]), unquote(parts[2]), body)
-            return self.answer(200, {})
+            return self.answer(
+                200, compute.put_firewall(unquote(parts[1]), unquote(parts[2]), body)
+            )
         if route == ("GET", "instances"):
             return self.answer(200, compute.instances_snapshot())
         if route == ("PUT", "instances") and len(parts) == 4:

@@ -8,6 +8,7 @@ Every run goes through the fake's loopback proxy; nothing else is contacted.
 import copy
 import hashlib
 import http.client
+import importlib.util
 import json
 import os
 import re
@@ -25,6 +26,11 @@ CLIENT = json.loads((STATE / "client.json").read_text())
 PROJECT = CLIENT["project"]
 NODES, SSH = "llamafactory-nodes", "llamafactory-ssh"
 WRITES = ("POST", "PATCH", "DELETE")
+
+CONTRACT = SCENARIO.parents[1] / "tests" / "fakes" / "compute_contract.py"
+SPEC = importlib.util.spec_from_file_location("compute_contract", CONTRACT)
+compute_contract = importlib.util.module_from_spec(SPEC)
+SPEC.loader.exec_module(compute_contract)
 
 
 def control(method, path, body=None):
@@ -99,6 +105,15 @@ def only_api_hosts():
     assert not [r for r in entries if r.get("refused")], "something tried to reach another host"
     assert {r["host"] for r in entries} <= {"compute.googleapis.com", "www.googleapis.com"}
     assert all(r["token_ok"] for r in entries)
+
+
+@pytest.fixture(scope="module", autouse=True)
+def contract_kept():
+    """After the module: every exchange with the fake since it started (molecule's check,
+    converge and idempotence included) kept Google's published contract (compute.v1.json)."""
+    yield
+    problems = compute_contract.validate_log(control("GET", "history"))
+    assert problems == [], "\n".join(problems)
 
 
 @pytest.fixture(scope="module")

@@ -11,10 +11,18 @@ from pathlib import Path
 import pytest
 import requests
 
-FAKE = Path(__file__).resolve().parents[2] / "fakes" / "compute_api.py"
-SPEC = importlib.util.spec_from_file_location("compute_api", FAKE)
-compute_api = importlib.util.module_from_spec(SPEC)
-SPEC.loader.exec_module(compute_api)
+FAKES = Path(__file__).resolve().parents[2] / "fakes"
+
+
+def load(name):
+    spec = importlib.util.spec_from_file_location(name, FAKES / f"{name}.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+compute_api = load("compute_api")
+compute_contract = load("compute_contract")
 
 BASE = "https://compute.googleapis.com/compute/v1/projects/hlf-test/global"
 
@@ -35,6 +43,8 @@ def fake(tmp_path):
     server.shutdown()
     server.server_close()
     thread.join(5)
+    # Every exchange of the test kept Google's published contract (compute.v1.json).
+    assert compute_contract.validate_log(server.compute.history) == []
 
 
 def rule(name="r1", **fields):
@@ -70,7 +80,9 @@ def test_insert_get_patch_delete_through_operations(fake):
 
     wait_done(
         session,
-        session.patch(f"{BASE}/firewalls/r1", json={"sourceRanges": ["10.0.0.2/32"]}).json(),
+        session.patch(
+            f"{BASE}/firewalls/r1", json={"name": "r1", "sourceRanges": ["10.0.0.2/32"]}
+        ).json(),
     )
     assert session.get(f"{BASE}/firewalls/r1").json()["sourceRanges"] == ["10.0.0.2/32"]
     listed = session.get(
@@ -116,7 +128,11 @@ def test_google_errors(fake):
     )
     assert error(session.post(f"{BASE}/firewalls", json=rule("r2", sourceRanges=["x"])))[0] == 400
     assert (
-        error(session.patch(f"{BASE}/firewalls/r1", json={"network": "global/networks/hlf-net"}))[0]
+        error(
+            session.patch(
+                f"{BASE}/firewalls/r1", json={"name": "r1", "network": "global/networks/hlf-net"}
+            )
+        )[0]
         == 400
     )
     code, _code, reason, message = error(
@@ -141,6 +157,55 @@ def test_google_errors(fake):
         == 401
     )
     assert error(session.get(f"{BASE}/firewalls", params={"filter": "priority > 5"}))[0] == 400
+
+
+def test_firewall_list_pages_by_max_results(fake):
+    session = fake[1]
+    for name in ("r1", "r2", "r3"):
+        wait_done(session, session.post(f"{BASE}/firewalls", json=rule(name)).json())
+    first = session.get(f"{BASE}/firewalls", params={"maxResults": "2"}).json()
+    assert [r["name"] for r in first["items"]] == ["r1", "r2"]
+    params = {"maxResults": "2", "pageToken": first["nextPageToken"]}
+    second = session.get(f"{BASE}/firewalls", params=params).json()
+    assert [r["name"] for r in second["items"]] == ["r3"]
+    assert "nextPageToken" not in second
+    assert error(session.get(f"{BASE}/firewalls", params={"maxResults": "501"}))[0] == 400
+    params = {"filter": 'name = "r1"', "pageToken": first["nextPageToken"]}
+    assert error(session.get(f"{BASE}/firewalls", params=params))[0] == 400  # another filter's
+
+
+def test_a_rules_name_is_required_by_insert_and_patch(fake):
+    # The discovery document annotates Firewall.name as required by both methods.
+    session = fake[1]
+    wait_done(session, session.post(f"{BASE}/firewalls", json=rule()).json())
+    for answer in (
+        session.post(f"{BASE}/firewalls", json={**rule(), "name": None}),
+        session.patch(f"{BASE}/firewalls/r1", json={"priority": 5}),
+    ):
+        assert error(answer) == (
+            400,
+            400,
+            "required",
+            "Required field 'resource.name' not specified",
+        )
+    assert error(session.patch(f"{BASE}/firewalls/r1", json={"name": "r2"}))[:3] == (
+        400,
+        400,
+        "invalid",
+    )
+
+
+def test_query_parameter_the_method_does_not_take_is_refused(fake):
+    session = fake[1]
+    answer = session.get(f"{BASE}/firewalls/r1", params={"filter": 'name = "r1"'})
+    assert error(answer)[:3] == (400, 400, "invalid")
+    assert error(answer)[3].startswith('Invalid JSON payload received. Unknown name "filter"')
+    assert answer.json()["error"]["status"] == "INVALID_ARGUMENT"
+    assert error(session.delete(f"{BASE}/firewalls/r1", params={"force": "true"}))[0] == 400
+    # The method's own and the standard ones are taken.
+    params = {"filter": 'name = "x"', "maxResults": "5", "alt": "json", "prettyPrint": "false"}
+    assert session.get(f"{BASE}/firewalls", params=params).status_code == 200
+    assert session.delete(f"{BASE}/firewalls/r1", params={"requestId": "a"}).status_code == 404
 
 
 def test_ingress_without_sources_is_open_to_the_world(fake):
@@ -176,9 +241,29 @@ def test_control_api(fake):
     server = fake[0]
     host, port = server.server_address
     connection = http.client.HTTPConnection(host, port, timeout=5)
-    connection.request("PUT", "/_fake/firewalls/hlf-test/hand", body=json.dumps({"name": "hand"}))
-    assert connection.getresponse().read() == b"{}"
+    connection.request("PUT", "/_fake/firewalls/hlf-test/hand", body=json.dumps({"priority": 5}))
+    stored = json.loads(connection.getresponse().read())
+    # What every stored rule has is filled in (a patch or delete answers its id and selfLink).
+    assert stored["id"].isdigit()
+    assert (stored["kind"], stored["name"], stored["priority"]) == ("compute#firewall", "hand", 5)
+    assert stored["selfLink"] == f"{compute_api.LINK}projects/hlf-test/global/firewalls/hand"
     connection.request("GET", "/_fake/firewalls")
-    assert json.loads(connection.getresponse().read()) == {"hlf-test/hand": {"name": "hand"}}
+    assert json.loads(connection.getresponse().read()) == {"hlf-test/hand": stored}
     connection.close()
     assert server.compute.log == []  # control calls are not API traffic
+
+
+def test_history_outlives_reset_and_clearing_the_log(fake):
+    server, session = fake
+    session.get(f"{BASE}/firewalls")
+    host, port = server.server_address
+    connection = http.client.HTTPConnection(host, port, timeout=5)
+    for method, path in (("DELETE", "/_fake/requests"), ("POST", "/_fake/reset")):
+        connection.request(method, path)
+        assert connection.getresponse().read() == b"{}"
+    connection.request("GET", "/_fake/history")
+    history = json.loads(connection.getresponse().read())
+    connection.close()
+    assert server.compute.log == []
+    assert [(e["method"], e["status"]) for e in history] == [("GET", 200)]
+    assert history[0]["response"]["kind"] == "compute#firewallList"

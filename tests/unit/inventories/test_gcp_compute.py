@@ -22,9 +22,16 @@ PROJECT = "hlf-test"
 ZONES = ["us-central1-a", "us-central1-b"]
 LIST_PATH = f"/compute/v1/projects/{PROJECT}/aggregated/instances"
 
-SPEC = importlib.util.spec_from_file_location("compute_api", FAKE)
-compute_api = importlib.util.module_from_spec(SPEC)
-SPEC.loader.exec_module(compute_api)
+
+def load(path):
+    spec = importlib.util.spec_from_file_location(path.stem, path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+compute_api = load(FAKE)
+compute_contract = load(FAKE.with_name("compute_contract.py"))
 
 
 def node_ranks(hosts, hostvars):
@@ -78,6 +85,8 @@ def fake(fake_api):
     for (zone, name), body in VMS.items():
         session.put(f"{control}/instances/{PROJECT}/{zone}/{name}", json=body).raise_for_status()
     yield fake_api, session
+    # Every exchange of the test kept Google's published contract (compute.v1.json).
+    assert compute_contract.validate_log(api_requests((fake_api, session))) == []
     session.close()
 
 
