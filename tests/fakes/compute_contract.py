@@ -169,7 +169,7 @@ class Contract:
             return None, "no method of the document has this path"
         same = [(m, match) for m, match in found if m.http_method == http_method]
         if not same:
-            allowed = ", ".join(sorted({f"{m.http_method} ({m.id})" for m, _ in found}))
+            allowed = ", ".join(sorted({f"{m.http_method} ({m.id})" for m, _match in found}))
             return None, f"no {http_method} method on this path (only {allowed})"
         method, match = max(same, key=lambda pair: pair[0].literal_length)
         values = match.groups()
