@@ -13,9 +13,10 @@ HLF-GCE-INGRESS/EGRESS let replies through (conntrack ESTABLISHED,RELATED: state
 then hold the applicable rules in GCE's order of evaluation (priority ascending, a deny before an
 allow of equal priority): the first match decides, an allow RETURNs (the packet goes on through
 the VM's own iptables), a deny DROPs. Last come the implied rules of priority 65535: deny all
-ingress, allow all egress. render() writes the four chains whole; iptables-restore --noflush
-flushes and refills them in one transaction and touches no other chain. The two jumps from the
-built-in chains are added once, after the restore (apply()).
+ingress, allow all egress (a rule of 65535 ties with them, and a deny wins a tie). render()
+writes the four chains whole; iptables-restore --noflush flushes and refills them in one
+transaction and touches no other chain. The two jumps from the built-in chains are added once,
+after the restore (apply()).
 
 `vm`, the VM as render() sees it:
     {"name": "vm0",
@@ -83,6 +84,24 @@ KNOWN_KEYS = {
     "logConfig",
 }
 UNMODELLED = ("sourceServiceAccounts", "targetServiceAccounts")
+
+
+# Every VPC network's implied rules: at the lowest priority, so that a rule of 65535 ties with
+# them (and at a tie a deny wins: an ingress allow of 65535 never gets anything in).
+IMPLIED = [
+    {
+        "name": "implied-deny-ingress",
+        "direction": "INGRESS",
+        "priority": IMPLIED_PRIORITY,
+        "denied": [{"IPProtocol": "all"}],
+    },
+    {
+        "name": "implied-allow-egress",
+        "direction": "EGRESS",
+        "priority": IMPLIED_PRIORITY,
+        "allowed": [{"IPProtocol": "all"}],
+    },
+]
 
 
 class FirewallError(ClusterError):
@@ -207,15 +226,8 @@ def render(rules: list[dict], vm: dict) -> str:
             f"-A {chain} -m conntrack --ctstate ESTABLISHED,RELATED "
             f'-m comment --comment "stateful: replies" -j RETURN'
         )
-    for rule in evaluation_order([r for r in rules if applies(r, vm)]):
+    for rule in evaluation_order([r for r in rules if applies(r, vm)] + IMPLIED):
         lines += _rule_lines(rule, vm)
-    lines.append(
-        f'-A {INGRESS_CHAIN} -m comment --comment "implied deny ingress {IMPLIED_PRIORITY}" -j DROP'
-    )
-    lines.append(
-        f'-A {EGRESS_CHAIN} -m comment --comment "implied allow egress {IMPLIED_PRIORITY}" '
-        "-j RETURN"
-    )
     lines.append("COMMIT")
     return "\n".join(lines) + "\n"
 
