@@ -2,8 +2,10 @@
 
 Each VM is a container running systemd as PID 1, its own dockerd (on a named volume) and sshd
 (host keys generated at first boot). Its primary NIC sits on a simulated VPC, carries a GCP-like
-name and the default route; the controller reaches it over a separate "external" network on
-which the VM accepts only SSH and ICMP, as GCP's default firewall does for public IPs.
+name and the default route; the controller reaches it over a separate "external" network (its
+"external IP"). Both NICs are filtered by the definition's VPC firewall rules with GCE's
+semantics (gce_firewall.py): by default a fresh project's, which let SSH and ICMP in from
+anywhere and everything in from the VPC.
 """
 
 from __future__ import annotations
@@ -23,7 +25,7 @@ import docker
 import docker.errors
 import yaml
 
-from . import images
+from . import gce_firewall, images
 from .spec import VM, ClusterSpec, repo_root
 from .util import ClusterError, log, pipe, run, wait_until
 
@@ -136,19 +138,23 @@ def up(spec: ClusterSpec) -> dict:
                     zip(spec.vms, containers, strict=True),
                 )
             )
+        state = {
+            "name": spec.name,
+            "user": spec.user,
+            "ssh_key": str(key),
+            "known_hosts": str(directory / "known_hosts"),
+            "inventory": str(spec.inventory),
+            "network": gce_firewall.DEFAULT_NETWORK,
+            "firewall": list(spec.firewall),  # the rules enforced at boot
+            "nodes": nodes,
+        }
+        gce_firewall.enforce(state, state["firewall"])
+        log(f"cluster {spec.name}: {len(spec.firewall)} firewall rules in force on every VM")
     except BaseException:
         log(f"cluster {spec.name}: bring-up failed, tearing down what was created")
         down(spec, quiet=True)
         raise
 
-    state = {
-        "name": spec.name,
-        "user": spec.user,
-        "ssh_key": str(key),
-        "known_hosts": str(directory / "known_hosts"),
-        "inventory": str(spec.inventory),
-        "nodes": nodes,
-    }
     (directory / "known_hosts").write_text(
         "".join(f"{n['external_address']} {n['host_key']}\n" for n in nodes)
     )
@@ -260,13 +266,6 @@ def _rename_script(container, spec: ClusterSpec, vm: VM) -> str:
     lines.append(
         f"ip route replace default via {spec.networks[default[0]].gateway} dev {default[1]}"
     )
-    # The external path accepts SSH and ICMP only (GCP's default rules for public IPs).
-    lines += [
-        f"iptables -A INPUT -i {EXTERNAL_NIC} -m conntrack --ctstate ESTABLISHED,RELATED -j ACCEPT",
-        f"iptables -A INPUT -i {EXTERNAL_NIC} -p tcp --dport 22 -j ACCEPT",
-        f"iptables -A INPUT -i {EXTERNAL_NIC} -p icmp -j ACCEPT",
-        f"iptables -A INPUT -i {EXTERNAL_NIC} -j DROP",
-    ]
     return "\n".join(lines)
 
 
@@ -332,6 +331,8 @@ def _configure_vm(spec: ClusterSpec, vm: VM, container, public_key: str, probe: 
         "nic": vm.nic,
         "second_nic": vm.second_nic,
         "decoy": vm.decoy,
+        "tags": list(vm.tags),
+        "external_nic": EXTERNAL_NIC,
         "vpc_address": spec.networks["vpc"].address(vm.index),
         "vpc_prefix": spec.networks["vpc"].subnet.prefixlen,
         "vpc_mtu": spec.networks["vpc"].mtu,

@@ -2,13 +2,15 @@
 
 from __future__ import annotations
 
+import copy
 import ipaddress
 import re
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 import yaml
 
+from . import gce_firewall
 from .images import PLATFORMS
 from .util import ClusterError
 
@@ -18,6 +20,7 @@ DEFAULT_DEFINITION = Path(__file__).resolve().parent / "cluster.yml"
 NAME_RE = re.compile(r"^[a-z][a-z0-9-]{0,20}$")
 NIC_RE = re.compile(r"^[a-z][a-z0-9]{1,14}$")
 HOST_OFFSET = 10  # VM i gets address .(10 + i) on every network
+SHIFT_BLOCK = 32 * 256  # addresses a `shift` of 1 moves a subnet by (32 /24s, a /19)
 
 
 @dataclass(frozen=True)
@@ -44,6 +47,7 @@ class VM:
     platform: str = "debian12"
     second_nic: str | None = None  # a second real NIC on the "secondary" network
     decoy: str | None = None  # a NIC named like a real one that carries the default route
+    tags: tuple[str, ...] = ()  # network tags, as on a GCE instance
 
 
 @dataclass(frozen=True)
@@ -53,6 +57,7 @@ class ClusterSpec:
     networks: dict[str, Network]
     vms: tuple[VM, ...]
     inventory: Path
+    firewall: tuple[dict, ...] = ()  # compute#firewall resources, in force on every VM
 
     def prefix(self) -> str:
         return f"hlf-{self.name}"
@@ -100,8 +105,19 @@ def _vm(index: int, raw: dict | str, networks: dict[str, Network]) -> VM:
         decoy=raw.pop("decoy", None),
     )
     where = f"vms[{index}] ({vm.name})"
+    tags = raw.pop("tags", None) or []
     if raw:
-        _fail(f"{where}: unknown keys {sorted(raw)}; known: name, nic, platform, second_nic, decoy")
+        _fail(
+            f"{where}: unknown keys {sorted(raw)}; known: name, nic, platform, second_nic, "
+            "decoy, tags"
+        )
+    if not isinstance(tags, list) or not all(
+        isinstance(t, str) and gce_firewall.NAME_RE.match(t) for t in tags
+    ):
+        _fail(
+            f"{where}: tags must be a list of network tags matching {gce_firewall.NAME_RE.pattern}"
+        )
+    vm = replace(vm, tags=tuple(tags))
     if not NAME_RE.match(vm.name):
         _fail(f"{where}: name must match {NAME_RE.pattern}")
     if vm.platform not in PLATFORMS:
@@ -123,13 +139,52 @@ def _shifted(raw: dict, shift: int) -> dict:
     if not shift or "subnet" not in raw:
         return raw
     subnet = ipaddress.ip_network(raw["subnet"])
-    moved = ipaddress.ip_network((int(subnet.network_address) + shift * 32 * 256, subnet.prefixlen))
+    moved = ipaddress.ip_network(
+        (int(subnet.network_address) + shift * SHIFT_BLOCK, subnet.prefixlen)
+    )
     return dict(raw, subnet=str(moved))
+
+
+def _shifted_range(cidr: str, shift: int) -> str:
+    """A firewall range within the simulated networks (a /19 or smaller) moves with them."""
+    network = ipaddress.ip_network(cidr, strict=False)
+    if not shift or network.prefixlen < 19 or not network.subnet_of(ALLOWED_RANGE):
+        return cidr
+    moved = ipaddress.ip_network(
+        (int(network.network_address) + shift * SHIFT_BLOCK, network.prefixlen)
+    )
+    if not moved.subnet_of(ALLOWED_RANGE):
+        _fail(f"firewall range {cidr} moved by shift {shift} leaves {ALLOWED_RANGE}")
+    return str(moved)
+
+
+def _firewall(raw, shift: int) -> tuple[dict, ...]:
+    """The definition's firewall rules, checked as GCE checks them, ranges moved by `shift`."""
+    if raw is None:  # a fresh project's rules, as the default definition lists them
+        raw = yaml.safe_load(DEFAULT_DEFINITION.read_text())["firewall"]
+    if not isinstance(raw, list):
+        _fail("firewall must be a list of compute#firewall rules (or left out for the defaults)")
+    rules = []
+    for index, rule in enumerate(raw):
+        try:
+            gce_firewall.check(rule)
+        except gce_firewall.FirewallError as exc:
+            _fail(f"firewall[{index}]: {exc}")
+        rule = copy.deepcopy(rule)
+        for field in ("sourceRanges", "destinationRanges"):
+            if rule.get(field):
+                rule[field] = [_shifted_range(cidr, shift) for cidr in rule[field]]
+        rules.append(rule)
+    names = [rule["name"] for rule in rules]
+    duplicates = sorted({n for n in names if names.count(n) > 1})
+    if duplicates:
+        _fail(f"firewall: rule names must be unique, {duplicates} repeat")
+    return tuple(rules)
 
 
 def load(path: Path | None = None, **overrides) -> ClusterSpec:
     """Read a definition; `overrides` replace top-level keys (name, nodes, vms, inventory,
-    shift: move every subnet by shift x 32 /24s)."""
+    firewall, shift: move every subnet and the firewall's ranges by shift x 32 /24s)."""
     path = path or DEFAULT_DEFINITION
     try:
         raw = yaml.safe_load(Path(path).read_text()) or {}
@@ -178,7 +233,10 @@ def parse(raw: dict) -> ClusterSpec:
     inventory = Path(raw.get("inventory") or f"inventories/local/{name}.yml")
     if not inventory.is_absolute():
         inventory = repo_root() / inventory
-    return ClusterSpec(name=name, user=user, networks=networks, vms=vms, inventory=inventory)
+    firewall = _firewall(raw.get("firewall"), int(raw.get("shift") or 0))
+    return ClusterSpec(
+        name=name, user=user, networks=networks, vms=vms, inventory=inventory, firewall=firewall
+    )
 
 
 def repo_root() -> Path:

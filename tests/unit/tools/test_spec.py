@@ -116,3 +116,88 @@ def test_inventory_uses_external_addresses_and_ranks(tmp_path):
     assert group["vars"]["llamafactory_platform"] == "local"
     assert "StrictHostKeyChecking=yes" in group["vars"]["ansible_ssh_common_args"]
     assert "UserKnownHostsFile=/k/known_hosts" in group["vars"]["ansible_ssh_common_args"]
+
+
+# ------------------------------------------------------------------ firewall rules, tags
+
+
+def test_the_default_rules_are_a_fresh_projects_default_network():
+    definition = parse()  # no firewall key: the default definition's rules
+    assert definition.firewall == spec.load().firewall
+    rules = {rule["name"]: rule for rule in definition.firewall}
+    assert sorted(rules) == [
+        "default-allow-icmp",
+        "default-allow-internal",
+        "default-allow-rdp",
+        "default-allow-ssh",
+    ]
+    for rule in rules.values():
+        assert (rule["kind"], rule["direction"], rule["priority"]) == (
+            "compute#firewall",
+            "INGRESS",
+            65534,
+        )
+        assert rule["network"].endswith("/global/networks/default")
+        assert rule["selfLink"].endswith(f"/global/firewalls/{rule['name']}")
+    assert rules["default-allow-ssh"]["allowed"] == [{"IPProtocol": "tcp", "ports": ["22"]}]
+    assert rules["default-allow-rdp"]["allowed"] == [{"IPProtocol": "tcp", "ports": ["3389"]}]
+    assert rules["default-allow-icmp"]["allowed"] == [{"IPProtocol": "icmp"}]
+    # The VPC's own range (GCP's default network: 10.128.0.0/9).
+    assert rules["default-allow-internal"]["sourceRanges"] == ["198.18.0.0/24"]
+    assert {"IPProtocol": "tcp", "ports": ["0-65535"]} in rules["default-allow-internal"]["allowed"]
+
+
+def test_shift_moves_the_rules_ranges_inside_the_simulated_networks_only():
+    rules = [
+        {
+            "name": "r",
+            "allowed": [{"IPProtocol": "all"}],
+            "sourceRanges": ["198.18.0.0/24", "198.18.0.11/32", "0.0.0.0/0", "198.18.0.0/15"],
+            "destinationRanges": ["198.19.0.0/20"],
+        }
+    ]
+    (moved,) = parse(shift=5, firewall=rules).firewall
+    assert moved["sourceRanges"] == [
+        "198.18.160.0/24",
+        "198.18.160.11/32",
+        "0.0.0.0/0",
+        "198.18.0.0/15",
+    ]
+    assert moved["destinationRanges"] == ["198.19.160.0/20"]
+    assert rules[0]["sourceRanges"][0] == "198.18.0.0/24"  # the caller's list is left alone
+    assert parse(shift=5).firewall[0]["sourceRanges"] == ["198.18.160.0/24"]
+
+
+def test_a_definition_replaces_the_rules_and_tags_its_vms():
+    locked = [r for r in spec.load().firewall if r["name"] != "default-allow-internal"]
+    definition = parse(firewall=locked, vms=[{"name": "vm0", "tags": ["rank0", "gpu"]}, "vm1"])
+    assert [r["name"] for r in definition.firewall] == [
+        "default-allow-ssh",
+        "default-allow-rdp",
+        "default-allow-icmp",
+    ]
+    assert [vm.tags for vm in definition.vms] == [("rank0", "gpu"), ()]
+    assert parse(firewall=[]).firewall == ()
+    # Another rule set is another cluster: `up` recreates it.
+    assert cluster.spec_hash(definition) != cluster.spec_hash(parse())
+
+
+@pytest.mark.parametrize(
+    ("changes", "message"),
+    [
+        ({"firewall": {"name": "r"}}, "firewall must be a list"),
+        (
+            {"firewall": [{"name": "r", "allowed": [{"IPProtocol": "gre"}]}]},
+            r"firewall\[0\]: firewall rule 'r': allowed\[0\]: protocol 'gre'",
+        ),
+        (
+            {"firewall": [{"name": "r", "denied": [{"IPProtocol": "all"}]}] * 2},
+            r"rule names must be unique, \['r'\] repeat",
+        ),
+        ({"vms": [{"name": "vm0", "tags": ["Web"]}]}, r"vms\[0\] \(vm0\): tags must be a list"),
+        ({"vms": [{"name": "vm0", "tags": "web"}]}, "tags must be a list"),
+    ],
+)
+def test_bad_rules_and_tags_are_refused_with_the_fix(changes, message):
+    with pytest.raises(ClusterError, match=message):
+        parse(**changes)
