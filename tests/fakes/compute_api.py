@@ -550,13 +550,13 @@ class Compute:
     def _zonal(self, method, project, zone, kind, name, action, query, body):
         if project not in self.projects:
             raise not_found(f"projects/{project}")
-        table = self._instance_table()
-        if zone not in self._zones(project, table):
+        if zone not in self._zones(project, self.instances):  # the backend's zone included
             raise not_found(f"projects/{project}/zones/{zone}")
         if kind == "operations":
             if method != "GET" or not name or action:
                 raise ApiError(405, "httpMethodNotAllowed", "Method not allowed")
             return self._get_operation(project, name, zone)
+        table = self._instance_table()
         if name is None:
             if method != "GET":
                 raise ApiError(405, "httpMethodNotAllowed", "Method not allowed")
