@@ -159,6 +159,7 @@ class Compute:
         self.token = token
         self.backend = backend
         self.service_account = None  # (client_email, public key), set by the Server
+        self.issued = {}  # access token -> expiry (time.time()); kept across a reset
         self.lock = threading.RLock()
         self.ids = itertools.count(int(time.time()) * 1000)
         self.reset()
@@ -168,7 +169,6 @@ class Compute:
             self.projects = {p: set(n) for p, n in DEFAULT_PROJECTS.items()}
             if self.backend is not None:
                 self.projects[self.backend.project] = set(self.backend.networks)
-            self.issued = {}  # access token -> expiry (time.time())
             self.parked_nat = {}  # (project, zone, name) -> natIPs of a stopped static instance
             self.firewalls = {}  # (project, name) -> resource
             self.instances = {}  # (project, zone, name) -> resource
