@@ -173,6 +173,10 @@ def test_inventory_stop_start_and_labels_through_the_api(cp, api, tmp_path):
     assert answer.stdout.strip() == "vm1"
     links = VM(vm1).addresses()
     assert links[vm1["nic"]]["ipv4"] == [(vm1["vpc_address"], vm1["vpc_prefix"])]
+    # renamed again (Docker names them eth0, eth1 at every start), with the external filter
+    assert links[cluster.EXTERNAL_NIC]["ipv4"][0][0] == vm1["external_address"]
+    assert not [n for n in links if n.startswith("hlftmp") or n == "eth1"]
+    assert f"-i {cluster.EXTERNAL_NIC} -j DROP" in VM(vm1).sh("iptables -S INPUT").stdout
     assert VM(vm1).default_route()["dev"] == vm1["nic"]
     assert "vm0" in VM(vm1).sh("getent hosts vm0").stdout
     _groups, hostvars = inventory(cp, tmp_path)
