@@ -38,6 +38,32 @@ For the google.cloud.gcp_compute inventory plugin (.../rest/v1/instances/aggrega
   subnetwork links, networkIP, and accessConfigs [{natIP, type ONE_TO_ONE_NAT, name External
   NAT}] only where given (a VM without an external IP has none).
 
+Per zone (.../rest/v1/instances, .../zoneOperations), over the same instances:
+
+- GET .../projects/P/zones/Z/instances (compute#instanceList; `filter` as above, every match on
+  one page) and .../instances/NAME; POST .../instances/NAME/stop, /start, /reset, /setLabels
+  (body {"labels", "labelFingerprint"}: a fingerprint other than the instance's current
+  labelFingerprint is a 412 conditionNotMet; label keys and values checked as GCE does) and
+  DELETE .../instances/NAME: each answers a zonal compute#operation, polled at GET
+  .../projects/P/zones/Z/operations/NAME, the change landing when it is DONE. Without a backend
+  the static instances change in memory: stop makes one TERMINATED without natIP, start RUNNING
+  with it, reset needs a RUNNING one (400 resourceNotReady otherwise), delete removes it.
+- With a backend (`--cluster STATE_DIR`: tools/localcluster/gce_control.py's ClusterBackend, the
+  local cluster's VMs), the instances are the backend's, read live at every request, and a write
+  runs the backend's stop/start/reset/delete/set_labels(NAME[, labels]) in a thread of its own:
+  the operation is RUNNING until that returns, then DONE (with "error" if it raised). A firewall
+  write that lands calls backend.firewalls_landed(every rule of the project).
+
+OAuth2 (https://developers.google.com/identity/protocols/oauth2/service-account): STATE/
+service-account.json is a service-account key (type, project_id, private_key_id, private_key,
+client_email, token_uri https://oauth2.googleapis.com/token) made for this fake. POST /token on
+oauth2.googleapis.com with grant_type urn:ietf:params:oauth:grant-type:jwt-bearer and an RS256
+JWT assertion signed by that key (iss = client_email, aud = token_uri, scope, iat and exp at most
+an hour apart and not expired) answers {"access_token", "expires_in", "token_type": "Bearer"}; that
+token is accepted as a bearer token until it expires, like the fixed one in client.json. Errors
+as Google's: 400 {"error": "invalid_grant" | "unsupported_grant_type" | "invalid_scope",
+"error_description"}.
+
 It is checked against Google's published contract, not only against these notes:
 compute_contract.py loads the Compute Engine v1 discovery document that ships in
 google-api-python-client (compute.v1.json), and its validate_log takes this fake's log (GET
@@ -51,10 +77,10 @@ every exchange of their runs passes.
 
 It is reached the way the module allows: the module's URLs are fixed, so clients set
 HTTPS_PROXY=http://127.0.0.1:PORT and REQUESTS_CA_BUNDLE=STATE/ca.pem. CONNECT to
-compute.googleapis.com or www.googleapis.com:443 is answered here with TLS from a test CA (trustme)
-and served from memory; CONNECT to any other host, and plain proxy requests, are refused and
-logged. Nothing is forwarded: the fake never opens a connection of its own. It listens on
-127.0.0.1 only.
+compute.googleapis.com, www.googleapis.com or oauth2.googleapis.com:443 is answered here with TLS
+from a test CA (trustme) and served from memory; CONNECT to any other host, and plain proxy
+requests, are refused and logged. Nothing is forwarded: the fake never opens a connection of its
+own. It listens on 127.0.0.1 only.
 
 Plain requests to /_fake/... are the tests' control API: GET requests (the log: per request its
 method, host, path, query, body, status, response and, for an operation, its status), DELETE
@@ -67,10 +93,11 @@ are filled in where missing, as every stored rule has them; answers the rule), G
 PUT instances/P/ZONE/NAME (body: the instance resource; the fake fills in what the API always
 returns and answers the result).
 
-Usage: python compute_api.py start|stop|serve --state DIR [--idle SECONDS]
-  start daemonizes, waits until it answers, and writes DIR/client.json (proxy, CA, token, pid);
-  stop ends it (by the pid it wrote, after checking that the pid is this fake); serve runs in the
-  foreground. It also exits by itself after --idle seconds without a request.
+Usage: python compute_api.py start|stop|serve --state DIR [--idle SECONDS] [--cluster STATE_DIR]
+  start daemonizes, waits until it answers, and writes DIR/client.json (proxy, CA, token,
+  service-account file, project, pid); stop ends it (by the pid it wrote, after checking that the
+  pid is this fake); serve runs in the foreground. It also exits by itself after --idle seconds
+  without a request (0: never).
 """
 
 from __future__ import annotations
@@ -78,6 +105,8 @@ from __future__ import annotations
 import argparse
 import base64
 import copy
+import functools
+import hashlib
 import ipaddress
 import itertools
 import json
@@ -95,6 +124,19 @@ from pathlib import Path
 from urllib.parse import parse_qs, unquote, urlsplit
 
 API_HOSTS = ("compute.googleapis.com", "www.googleapis.com")
+OAUTH_HOST = "oauth2.googleapis.com"
+TOKEN_URI = f"https://{OAUTH_HOST}/token"
+JWT_BEARER = "urn:ietf:params:oauth:grant-type:jwt-bearer"
+TOKEN_SECONDS = 3600
+LABEL_KEY_RE = re.compile(r"^[a-z][a-z0-9_-]{0,62}$")
+LABEL_VALUE_RE = re.compile(r"^[a-z0-9_-]{0,63}$")
+INSTANCE_ACTIONS = {  # URL verb -> (permission, operationType, backend method)
+    "stop": ("compute.instances.stop", "stop", "stop"),
+    "start": ("compute.instances.start", "start", "start"),
+    "reset": ("compute.instances.reset", "reset", "reset"),
+    "setLabels": ("compute.instances.setLabels", "setLabels", "set_labels"),
+    "delete": ("compute.instances.delete", "delete", "delete"),
+}
 LINK = "https://www.googleapis.com/compute/v1/"
 NAME_RE = re.compile(r"^[a-z](?:[-a-z0-9]{0,61}[a-z0-9])?$")
 PROTOCOLS = {"tcp", "udp", "icmp", "esp", "ah", "sctp", "ipip", "all"}
@@ -156,8 +198,11 @@ def now():
 class Compute:
     """The API's state: projects, networks, firewall rules, operations, and the request log."""
 
-    def __init__(self, token):
+    def __init__(self, token, backend=None):
         self.token = token
+        self.backend = backend
+        self.service_account = None  # (client_email, public key), set by the Server
+        self.issued = {}  # access token -> expiry (time.time()); kept across a reset
         self.lock = threading.RLock()
         self.ids = itertools.count(int(time.time()) * 1000)
         self.history = []  # every entry of the log since the start, kept through resets
@@ -166,7 +211,13 @@ class Compute:
     def reset(self):
         with self.lock:
             self.projects = {p: set(n) for p, n in DEFAULT_PROJECTS.items()}
+            if self.backend is not None:
+                self.projects[self.backend.project] = set(self.backend.networks)
+            self.parked_nat = {}  # (project, zone, name) -> natIPs of a stopped static instance
             self.firewalls = {}  # (project, name) -> resource
+            if self.backend is not None:  # the project's own rules (a fresh project's defaults)
+                for rule in self.backend.rules:
+                    self._store_firewall(self.backend.project, rule["name"], rule)
             self.instances = {}  # (project, zone, name) -> resource
             self.page_size = None
             self.operations = {}  # (project, name) -> [operation, done_at or None, apply]
@@ -193,7 +244,7 @@ class Compute:
         """Answer one API request: (status, JSON body)."""
         with self.lock:
             self._finish_due_operations()
-            if headers.get("Authorization") != f"Bearer {self.token}":
+            if not self._authorized(headers.get("Authorization", "")):
                 message = "Request had invalid authentication credentials."
                 return 401, ApiError(401, "authError", message, "UNAUTHENTICATED").body()
             try:
@@ -201,7 +252,20 @@ class Compute:
             except ApiError as error:
                 return error.code, error.body()
 
+    def _authorized(self, header):
+        token = header.removeprefix("Bearer ")
+        if not header.startswith("Bearer ") or not token:
+            return False
+        return token == self.token or self.issued.get(token, 0) > time.time()
+
     def _route(self, method, path, query, body):
+        match = re.fullmatch(
+            r"/compute/v1/projects/([^/]+)/zones/([^/]+)/(instances|operations)"
+            r"(?:/([^/]+)(?:/(stop|start|reset|setLabels))?)?",
+            path,
+        )
+        if match:
+            return self._zonal(method, *match.groups(), query, body)
         match = re.fullmatch(r"/compute/v1/projects/([^/]+)/aggregated/instances", path)
         if match:
             if match.group(1) not in self.projects:
@@ -298,18 +362,17 @@ class Compute:
         expression = query.get("filter", [""])[0]
         keep = parse_instance_filter(expression)
         start, size = self._page(query, expression)
+        table = self._instance_table()
         matching = [
             (zone, name)
-            for (p, zone, name), instance in sorted(self.instances.items())
+            for (p, zone, name), instance in sorted(table.items())
             if p == project and keep(instance)
         ]
         page = matching[start : start + size]
-        zones = sorted({*ZONES, *(zone for p, zone, _name in self.instances if p == project)})
+        zones = self._zones(project, table)
         items = {}
         for zone in zones:
-            instances = [
-                copy.deepcopy(self.instances[(project, z, name)]) for z, name in page if z == zone
-            ]
+            instances = [table[(project, z, name)] for z, name in page if z == zone]
             if instances:
                 items[f"zones/{zone}"] = {"instances": instances}
             else:
@@ -450,8 +513,11 @@ class Compute:
             del rule[field]
         return rule
 
-    def _operation(self, project, kind, rule, apply):
+    def _operation(self, project, kind, rule, apply, zone=None, background=False):
+        """An operation on `rule` (any resource with a selfLink); `apply` lands the change when it
+        is DONE, or, `background`, runs at once in a thread of its own and makes it DONE."""
         name = f"operation-{next(self.ids)}-{secrets.token_hex(4)}"
+        scope = f"projects/{project}/zones/{zone}" if zone else f"projects/{project}/global"
         operation = {
             "kind": "compute#operation",
             "id": str(next(self.ids)),
@@ -463,8 +529,15 @@ class Compute:
             "user": "fake@example.com",
             "progress": 0,
             "insertTime": now(),
-            "selfLink": f"{LINK}projects/{project}/global/operations/{name}",
+            "selfLink": f"{LINK}{scope}/operations/{name}",
         }
+        if zone:
+            operation["zone"] = f"{LINK}projects/{project}/zones/{zone}"
+        if background:
+            self.operations[(project, name)] = [operation, None, apply]
+            answer = copy.deepcopy(operation)
+            threading.Thread(target=self._run, args=(operation, apply), daemon=True).start()
+            return answer
         seconds = self.operation_seconds
         done_at = None if seconds is None else time.monotonic() + seconds
         self.operations[(project, name)] = [operation, done_at, apply]
@@ -475,11 +548,28 @@ class Compute:
             answer["status"] = "RUNNING"  # a fresh operation is never DONE in its first answer
         return answer
 
-    def _get_operation(self, project, name):
-        self._check("compute.globalOperations.get", f"projects/{project}/global/operations/{name}")
+    def _run(self, operation, apply):
+        with self.lock:
+            operation.update(status="RUNNING", startTime=now(), progress=50)
+        try:
+            apply()
+            error = None
+        except Exception as exc:  # noqa: BLE001 - the operation reports it, as GCE's do
+            error = f"{type(exc).__name__}: {exc}"
+        with self.lock:
+            if error:
+                operation["error"] = {"errors": [{"code": "INTERNAL_ERROR", "message": error}]}
+                operation.update(httpErrorStatusCode=500, httpErrorMessage="INTERNAL SERVER ERROR")
+            operation.update(status="DONE", progress=100, endTime=now())
+
+    def _get_operation(self, project, name, zone=None):
+        scope = f"projects/{project}/zones/{zone}" if zone else f"projects/{project}/global"
+        permission = "compute.zoneOperations.get" if zone else "compute.globalOperations.get"
+        self._check(permission, f"{scope}/operations/{name}")
         entry = self.operations.get((project, name))
-        if entry is None:
-            raise not_found(f"projects/{project}/global/operations/{name}")
+        zone_link = f"{LINK}projects/{project}/zones/{zone}" if zone else None
+        if entry is None or entry[0].get("zone") != zone_link:
+            raise not_found(f"{scope}/operations/{name}")
         operation = entry[0]
         if operation["status"] == "PENDING":
             operation.update(status="RUNNING", startTime=now(), progress=50)
@@ -499,6 +589,179 @@ class Compute:
         apply()
         operation.update(status="DONE", progress=100, endTime=now())
         operation.setdefault("startTime", operation["endTime"])
+        if self.backend is not None and "/global/firewalls/" in operation["targetLink"]:
+            rules = [r for (p, _n), r in sorted(self.firewalls.items()) if p == project]
+            self.backend.firewalls_landed(copy.deepcopy(rules))
+
+    # -- instances per zone -----------------------------------------------------------------
+
+    def _instance_table(self):
+        """(project, zone, name) -> instance, as the API returns it: the backend's, read now, or
+        the static ones; each with the labelFingerprint of its current labels."""
+        if self.backend is None:
+            table = copy.deepcopy(self.instances)
+        else:
+            table = {
+                (self.backend.project, self.backend.zone, i["name"]): i
+                for i in self.backend.instances()
+            }
+        for instance in table.values():
+            instance["labelFingerprint"] = label_fingerprint(instance.get("labels") or {})
+        return table
+
+    def _zones(self, project, table):
+        zones = {*ZONES, *(zone for p, zone, _name in table if p == project)}
+        if self.backend is not None and project == self.backend.project:
+            zones.add(self.backend.zone)
+        return sorted(zones)
+
+    def _zonal(self, method, project, zone, kind, name, action, query, body):
+        if project not in self.projects:
+            raise not_found(f"projects/{project}")
+        if zone not in self._zones(project, self.instances):  # the backend's zone included
+            raise not_found(f"projects/{project}/zones/{zone}")
+        if kind == "operations":
+            if method != "GET" or not name or action:
+                raise ApiError(405, "httpMethodNotAllowed", "Method not allowed")
+            return self._get_operation(project, name, zone)
+        table = self._instance_table()
+        if name is None:
+            if method != "GET":
+                raise ApiError(405, "httpMethodNotAllowed", "Method not allowed")
+            return self._list_instances(project, zone, table, query)
+        resource = f"projects/{project}/zones/{zone}/instances/{name}"
+        if (method, action) == ("GET", None):
+            self._check("compute.instances.get", resource)
+            if (project, zone, name) not in table:
+                raise not_found(resource)
+            return table[(project, zone, name)]
+        verb = {"POST": action, "DELETE": "delete" if action is None else None}.get(method)
+        if verb not in INSTANCE_ACTIONS:
+            raise ApiError(405, "httpMethodNotAllowed", "Method not allowed")
+        permission, kind, method_name = INSTANCE_ACTIONS[verb]
+        instance = table.get((project, zone, name))
+        if instance is None:
+            raise not_found(resource)
+        self._check(permission, resource)
+        args = (self._checked_labels(instance, body),) if verb == "setLabels" else ()
+        if verb == "reset" and instance["status"] != "RUNNING":
+            raise ApiError(400, "resourceNotReady", f"The resource '{resource}' is not ready")
+        if self.backend is not None:
+            apply = functools.partial(getattr(self.backend, method_name), name, *args)
+            return self._operation(project, kind, instance, apply, zone=zone, background=True)
+        apply = functools.partial(self._act, (project, zone, name), verb, *args)
+        return self._operation(project, kind, instance, apply, zone=zone)
+
+    def _list_instances(self, project, zone, table, query):
+        self._check("compute.instances.list", f"projects/{project}/zones/{zone}")
+        keep = parse_instance_filter(query.get("filter", [""])[0])
+        answer = {
+            "kind": "compute#instanceList",
+            "id": f"projects/{project}/zones/{zone}/instances",
+            "selfLink": f"{LINK}projects/{project}/zones/{zone}/instances",
+        }
+        items = [i for (p, z, _n), i in sorted(table.items()) if (p, z) == (project, zone)]
+        items = [i for i in items if keep(i)]
+        if items:  # the real API leaves "items" out of an empty list
+            answer["items"] = items
+        return answer
+
+    @staticmethod
+    def _checked_labels(instance, body):
+        body = body if isinstance(body, dict) else {}
+        labels = body.get("labels") or {}
+        if not isinstance(labels, dict) or len(labels) > 64:
+            raise invalid("labels", labels, "At most 64 labels, as a map.")
+        for key, value in labels.items():
+            if not LABEL_KEY_RE.match(str(key)):
+                raise invalid("labels", key, f"Label keys must match '{LABEL_KEY_RE.pattern}'.")
+            if not isinstance(value, str) or not LABEL_VALUE_RE.match(value):
+                why = f"Label values must match '{LABEL_VALUE_RE.pattern}'."
+                raise invalid(f"labels.{key}", value, why)
+        if body.get("labelFingerprint") != instance["labelFingerprint"]:
+            message = "Labels fingerprint either invalid or resource labels have changed"
+            raise ApiError(412, "conditionNotMet", message)
+        return dict(labels)
+
+    def _act(self, key, verb, *args):
+        """A write on a static instance, when its operation is DONE."""
+        instance = self.instances.get(key)
+        if instance is None:
+            return
+        configs = [
+            config
+            for nic in instance.get("networkInterfaces", [])
+            for config in nic.get("accessConfigs") or []
+        ]
+        if verb == "stop" and instance.get("status") != "TERMINATED":
+            instance["status"] = "TERMINATED"
+            self.parked_nat[key] = [config.pop("natIP", None) for config in configs]
+        elif verb == "start" and instance.get("status") == "TERMINATED":
+            instance["status"] = "RUNNING"
+            for config, nat in zip(configs, self.parked_nat.pop(key, []), strict=False):
+                if nat:
+                    config["natIP"] = nat
+        elif verb == "setLabels":
+            instance["labels"] = args[0]
+        elif verb == "delete":
+            del self.instances[key]
+
+    # -- OAuth2 -----------------------------------------------------------------------------
+
+    def grant(self, form):
+        """POST https://oauth2.googleapis.com/token: (status, JSON body)."""
+        with self.lock:
+            return self._grant(form)
+
+    def _grant(self, form):
+        from cryptography.exceptions import InvalidSignature
+        from cryptography.hazmat.primitives import hashes
+        from cryptography.hazmat.primitives.asymmetric import padding
+
+        def refuse(error, description):
+            return 400, {"error": error, "error_description": description}
+
+        grant_type = form.get("grant_type", [""])[0]
+        if grant_type != JWT_BEARER:
+            return refuse("unsupported_grant_type", f"Invalid grant_type: {grant_type}")
+        assertion = form.get("assertion", [""])[0]
+        try:
+            header_b64, claims_b64, signature_b64 = assertion.split(".")
+            header = json.loads(b64url_decode(header_b64))
+            claims = json.loads(b64url_decode(claims_b64))
+            signature = b64url_decode(signature_b64)
+        except (ValueError, TypeError):
+            return refuse("invalid_grant", "Invalid JWT: the assertion is malformed.")
+        email, public_key = self.service_account
+        if header.get("alg") != "RS256":
+            return refuse("invalid_grant", "Invalid JWT: the algorithm must be RS256.")
+        if claims.get("iss") != email:
+            return refuse("invalid_grant", "Invalid JWT: no such service account (iss).")
+        try:
+            signed = f"{header_b64}.{claims_b64}".encode()
+            public_key.verify(signature, signed, padding.PKCS1v15(), hashes.SHA256())
+        except InvalidSignature:
+            return refuse("invalid_grant", "Invalid JWT Signature.")
+        if claims.get("aud") != TOKEN_URI:
+            return refuse("invalid_grant", "Invalid JWT: Failed audience check.")
+        issued, expires, clock = claims.get("iat"), claims.get("exp"), time.time()
+        if (
+            not isinstance(issued, int | float)
+            or not isinstance(expires, int | float)
+            or not 0 < expires - issued <= TOKEN_SECONDS
+            or expires < clock
+            or issued > clock + 300
+        ):
+            message = (
+                "Invalid JWT: Token must be a short-lived token (60 minutes) and in a reasonable "
+                "timeframe. Check your iat and exp values in the JWT claim."
+            )
+            return refuse("invalid_grant", message)
+        if not str(claims.get("scope") or "").strip():
+            return refuse("invalid_scope", "Invalid OAuth scope or ID token audience provided.")
+        token = "ya29." + secrets.token_urlsafe(32)
+        self.issued[token] = clock + TOKEN_SECONDS
+        return 200, {"access_token": token, "expires_in": TOKEN_SECONDS - 1, "token_type": "Bearer"}
 
     # -- control ----------------------------------------------------------------------------
 
@@ -508,16 +771,24 @@ class Compute:
             self.history.append(entry)
 
     def put_firewall(self, project, name, rule):
-        """Store a rule as given, with what every stored rule has (kind, id, selfLink...)."""
+        """Store a rule as given, with what every stored rule has (kind, id, selfLink...); with
+        a backend it takes effect in the VMs, as an edit in the console would."""
         with self.lock:
-            rule = copy.deepcopy(rule) if isinstance(rule, dict) else {}
-            rule.setdefault("kind", "compute#firewall")
-            rule.setdefault("id", str(next(self.ids)))
-            rule.setdefault("creationTimestamp", now())
-            rule.setdefault("name", name)
-            rule.setdefault("selfLink", f"{LINK}projects/{project}/global/firewalls/{name}")
-            self.firewalls[(project, name)] = rule
-            return copy.deepcopy(rule)
+            stored = self._store_firewall(project, name, rule)
+            if self.backend is not None and project == self.backend.project:
+                rules = [r for (p, _n), r in sorted(self.firewalls.items()) if p == project]
+                self.backend.firewalls_landed(copy.deepcopy(rules))
+            return stored
+
+    def _store_firewall(self, project, name, rule):
+        rule = copy.deepcopy(rule) if isinstance(rule, dict) else {}
+        rule.setdefault("kind", "compute#firewall")
+        rule.setdefault("id", str(next(self.ids)))
+        rule.setdefault("creationTimestamp", now())
+        rule.setdefault("name", name)
+        rule.setdefault("selfLink", f"{LINK}projects/{project}/global/firewalls/{name}")
+        self.firewalls[(project, name)] = rule
+        return copy.deepcopy(rule)
 
     def snapshot(self):
         with self.lock:
@@ -568,6 +839,51 @@ class Compute:
 def page_token(start, expression):
     token = json.dumps({"start": start, "filter": expression})
     return base64.urlsafe_b64encode(token.encode()).decode()
+
+
+def label_fingerprint(labels):
+    """A labels map's fingerprint: opaque, base64, changing with the labels (as GCE's)."""
+    text = json.dumps(labels, sort_keys=True).encode()
+    return base64.b64encode(hashlib.sha256(text).digest()[:8]).decode()
+
+
+def b64url_decode(text):
+    return base64.urlsafe_b64decode(text + "=" * (-len(text) % 4))
+
+
+def make_service_account(path, project):
+    """A service-account key file for this fake (0600); (client_email, public key)."""
+    from cryptography.hazmat.primitives import serialization
+    from cryptography.hazmat.primitives.asymmetric import rsa
+
+    key = rsa.generate_private_key(public_exponent=65537, key_size=2048)
+    email = f"hlf-fake@{project}.iam.gserviceaccount.com"
+    pem = key.private_bytes(
+        serialization.Encoding.PEM,
+        serialization.PrivateFormat.PKCS8,
+        serialization.NoEncryption(),
+    ).decode()
+    account = {
+        "type": "service_account",
+        "project_id": project,
+        "private_key_id": secrets.token_hex(20),
+        "private_key": pem,
+        "client_email": email,
+        "client_id": str(secrets.randbelow(10**21)),
+        "auth_uri": "https://accounts.google.com/o/oauth2/auth",
+        "token_uri": TOKEN_URI,
+    }
+    path.touch(mode=0o600)
+    path.write_text(json.dumps(account, indent=2))
+    return email, key.public_key()
+
+
+def cluster_backend(cluster_state):
+    """The local cluster's backend (tools/localcluster/gce_control.py)."""
+    sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "tools"))
+    from localcluster import gce_control
+
+    return gce_control.ClusterBackend(cluster_state)
 
 
 def normalize_network(project, value):
@@ -674,18 +990,21 @@ def parse_instance_filter(expression):
 class Server(ThreadingHTTPServer):
     daemon_threads = True
 
-    def __init__(self, state_dir, token=None, idle=900.0):
+    def __init__(self, state_dir, token=None, idle=900.0, backend=None):
         import trustme
 
         self.state_dir = Path(state_dir)
-        self.compute = Compute(token or secrets.token_urlsafe(24))
+        self.compute = Compute(token or secrets.token_urlsafe(24), backend)
+        self.project = backend.project if backend else next(iter(DEFAULT_PROJECTS))
+        self.service_account_path = self.state_dir / "service-account.json"
+        self.compute.service_account = make_service_account(self.service_account_path, self.project)
         self.idle = idle
         self.last_request = time.monotonic()
         ca = trustme.CA()
         self.ca_path = self.state_dir / "ca.pem"
         ca.cert_pem.write_to_path(str(self.ca_path))
         self.tls = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
-        ca.issue_cert(*API_HOSTS).configure_cert(self.tls)
+        ca.issue_cert(*API_HOSTS, OAUTH_HOST).configure_cert(self.tls)
         super().__init__(("127.0.0.1", 0), ProxyHandler)
 
     def client_info(self):
@@ -702,12 +1021,15 @@ class Server(ThreadingHTTPServer):
             "control": f"{proxy}/_fake",
             "ca": str(self.ca_path),
             "token": self.compute.token,
-            "project": next(iter(DEFAULT_PROJECTS)),
+            "service_account_file": str(self.service_account_path),
+            "project": self.project,
             "pid": os.getpid(),
             "env": env,
         }
 
     def watch_idle(self):
+        if self.idle <= 0:
+            return  # no idle timeout
         while time.monotonic() - self.last_request < self.idle:
             time.sleep(min(1.0, self.idle))
         self.shutdown()
@@ -748,8 +1070,10 @@ class ApiHandler(Handler):
 
     def serve(self):
         url = urlsplit(self.path)
-        body = self.body()
         compute = self.server.compute
+        if self.headers.get("Host", "").split(":")[0] == OAUTH_HOST:
+            return self.token()
+        body = self.body()
         if isinstance(body, str):
             status, payload = 400, ApiError(400, "parseError", "Parse Error").body()
         else:
@@ -772,6 +1096,19 @@ class ApiHandler(Handler):
                 "token_ok": status != 401,
             }
         )
+        self.answer(status, payload)
+
+    def token(self):
+        length = int(self.headers.get("Content-Length") or 0)
+        form = parse_qs(self.rfile.read(length).decode(errors="replace")) if length else {}
+        path = urlsplit(self.path).path
+        if (self.command, path) == ("POST", "/token"):
+            status, payload = self.server.compute.grant(form)
+        else:
+            status, payload = 404, {"error": "not_found", "error_description": f"Not Found: {path}"}
+        entry = {"time": time.time(), "method": self.command, "host": OAUTH_HOST, "path": path}
+        entry.update(grant_type=form.get("grant_type", [""])[0], status=status)
+        self.server.compute.record(entry)
         self.answer(status, payload)
 
     do_GET = do_POST = do_PATCH = do_DELETE = do_PUT = serve
@@ -799,7 +1136,7 @@ class ProxyHandler(Handler):
 
     def do_CONNECT(self):
         host, _colon, port = self.path.partition(":")
-        if host not in API_HOSTS or port != "443":
+        if host not in (*API_HOSTS, OAUTH_HOST) or port != "443":
             self.close_connection = True
             return self.refuse(self.path)
         self.send_response(200, "Connection established")
@@ -862,9 +1199,10 @@ class ProxyHandler(Handler):
 # -- the daemon ------------------------------------------------------------------------------
 
 
-def serve(state_dir, idle):
+def serve(state_dir, idle, cluster=None):
     state_dir.mkdir(parents=True, exist_ok=True)
-    server = Server(state_dir, idle=idle)
+    backend = cluster_backend(cluster) if cluster else None
+    server = Server(state_dir, idle=idle, backend=backend)
     signal.signal(signal.SIGTERM, lambda *_: threading.Thread(target=server.shutdown).start())
     threading.Thread(target=server.watch_idle, daemon=True).start()
     info = server.client_info()
@@ -878,7 +1216,7 @@ def serve(state_dir, idle):
         (state_dir / "client.json").unlink(missing_ok=True)
 
 
-def start(state_dir, idle, wait=10.0):
+def start(state_dir, idle, cluster=None, wait=20.0):
     state_dir.mkdir(parents=True, exist_ok=True)
     client = state_dir / "client.json"
     client.unlink(missing_ok=True)
@@ -894,7 +1232,7 @@ def start(state_dir, idle, wait=10.0):
         os.closerange(3, 1024)
         os.chdir("/")
         try:
-            serve(state_dir, idle)
+            serve(state_dir, idle, cluster)
         finally:
             os._exit(0)
     os.wait()
@@ -932,14 +1270,19 @@ def main():
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("action", choices=["start", "stop", "serve"])
     parser.add_argument("--state", required=True, type=Path)
-    parser.add_argument("--idle", type=float, default=900.0, help="exit after so long unused")
+    parser.add_argument(
+        "--idle", type=float, default=900.0, help="exit after so long unused (0: never)"
+    )
+    parser.add_argument(
+        "--cluster", type=Path, help="a local cluster's state dir: its VMs are the instances"
+    )
     args = parser.parse_args()
     if args.action == "start":
-        start(args.state, args.idle)
+        start(args.state, args.idle, args.cluster)
     elif args.action == "stop":
         stop(args.state)
     else:
-        serve(args.state, args.idle)
+        serve(args.state, args.idle, args.cluster)
 
 
 if __name__ == "__main__":

@@ -25,8 +25,8 @@ import docker
 import docker.errors
 import yaml
 
-from . import gce_firewall, images
-from .spec import VM, ClusterSpec, repo_root
+from . import gce_control, gce_firewall, images
+from .spec import VM, ClusterSpec, repo_root, to_raw
 from .util import ClusterError, log, pipe, run, wait_until
 
 CLUSTER_LABEL = "hostnet.llamafactory.cluster"
@@ -94,7 +94,7 @@ def up(spec: ClusterSpec) -> dict:
         same = all(c.labels.get(SPEC_LABEL) == wanted and c.status == "running" for c in vms)
         if same and len(vms) == len(spec.vms) and (state_dir(spec) / "state.json").exists():
             log(f"cluster {spec.name}: already up as defined")
-            state = json.loads((state_dir(spec) / "state.json").read_text())
+            state = gce_control.start(state_dir(spec))  # the fake Compute Engine API
             _check_ssh(state)
             write_inventory(spec, state)
             return state
@@ -144,6 +144,7 @@ def up(spec: ClusterSpec) -> dict:
             "ssh_key": str(key),
             "known_hosts": str(directory / "known_hosts"),
             "inventory": str(spec.inventory),
+            "definition": to_raw(spec),
             "network": gce_firewall.DEFAULT_NETWORK,
             "firewall": list(spec.firewall),  # the rules enforced at boot
             "nodes": nodes,
@@ -160,6 +161,7 @@ def up(spec: ClusterSpec) -> dict:
     )
     _check_ssh(state)
     (directory / "state.json").write_text(json.dumps(state, indent=2) + "\n")
+    state = gce_control.start(directory)  # the fake Compute Engine API, as a service
     write_inventory(spec, state)
     log(
         f"cluster {spec.name}: up in {time.monotonic() - started:.1f} s; inventory {spec.inventory}"
@@ -281,9 +283,10 @@ chmod 0440 /etc/sudoers.d/90-localcluster
 """
 
 
-def _configure_vm(spec: ClusterSpec, vm: VM, container, public_key: str, probe: str) -> dict:
+def configure_network(spec: ClusterSpec, vm: VM, container) -> None:
+    """What a VM loses when its container restarts: NIC names, routes, the external path's
+    filter, the hosts file. Run at creation and again after every start."""
     _exec(container, _rename_script(container, spec, vm))
-    _exec(container, USER_SCRIPT, env={"VM_USER": spec.user, "VM_KEY": public_key})
     # Like GCP's internal DNS: every VM's name resolves to its VPC address, on every VM.
     hosts = "".join(
         f"{spec.networks['vpc'].address(peer.index)}\t{peer.name}\n" for peer in spec.vms
@@ -293,6 +296,10 @@ def _configure_vm(spec: ClusterSpec, vm: VM, container, public_key: str, probe: 
         'kept=$(grep -v "\\s$VM_NAME$" /etc/hosts); printf "%s\\n%s" "$kept" "$HOSTS" > /etc/hosts',
         env={"VM_NAME": vm.name, "HOSTS": hosts},
     )
+
+
+def wait_booted(vm: VM, container) -> None:
+    """systemd, sshd and the VM's dockerd are up."""
     wait_until(
         f"{vm.name}: systemd, sshd and dockerd",
         lambda: (
@@ -311,6 +318,12 @@ def _configure_vm(spec: ClusterSpec, vm: VM, container, public_key: str, probe: 
         ),
         deadline_s=BOOT_DEADLINE_S,
     )
+
+
+def _configure_vm(spec: ClusterSpec, vm: VM, container, public_key: str, probe: str) -> dict:
+    configure_network(spec, vm, container)
+    _exec(container, USER_SCRIPT, env={"VM_USER": spec.user, "VM_KEY": public_key})
+    wait_booted(vm, container)
     pipe(
         ["docker", "save", probe],
         ["docker", "exec", "-i", container.name, "docker", "load", "-q"],
@@ -432,6 +445,7 @@ def leftovers(docker_client, name: str) -> list[str]:
 
 def down(spec: ClusterSpec, quiet: bool = False) -> None:
     docker_client = client()
+    gce_control.stop(state_dir(spec))
     label = {"label": f"{CLUSTER_LABEL}={spec.name}"}
     for container in docker_client.containers.list(all=True, filters=label):
         container.remove(force=True, v=True)

@@ -21,6 +21,11 @@ NAME_RE = re.compile(r"^[a-z][a-z0-9-]{0,20}$")
 NIC_RE = re.compile(r"^[a-z][a-z0-9]{1,14}$")
 HOST_OFFSET = 10  # VM i gets address .(10 + i) on every network
 SHIFT_BLOCK = 32 * 256  # addresses a `shift` of 1 moves a subnet by (32 /24s, a /19)
+# Compute Engine's rules for label keys and values, project IDs and zone names.
+LABEL_KEY_RE = re.compile(r"^[a-z][a-z0-9_-]{0,62}$")
+LABEL_VALUE_RE = re.compile(r"^[a-z0-9_-]{0,63}$")
+PROJECT_RE = re.compile(r"^[a-z][a-z0-9-]{4,28}[a-z0-9]$")
+ZONE_RE = re.compile(r"^[a-z]+-[a-z]+[0-9]+-[a-z]$")
 
 
 @dataclass(frozen=True)
@@ -48,6 +53,13 @@ class VM:
     second_nic: str | None = None  # a second real NIC on the "secondary" network
     decoy: str | None = None  # a NIC named like a real one that carries the default route
     tags: tuple[str, ...] = ()  # network tags, as on a GCE instance
+    machine_type: str = "n2-standard-4"  # what the fake Compute Engine API reports
+    labels: dict[str, str] | None = None  # its labels; None: the training label and rank
+
+    def initial_labels(self) -> dict[str, str]:
+        if self.labels is not None:
+            return dict(self.labels)
+        return {"llamafactory": "training", "llamafactory-rank": str(self.index)}
 
 
 @dataclass(frozen=True)
@@ -58,6 +70,8 @@ class ClusterSpec:
     vms: tuple[VM, ...]
     inventory: Path
     firewall: tuple[dict, ...] = ()  # compute#firewall resources, in force on every VM
+    project: str = "hostnet-box"  # the project and zone the fake Compute Engine API serves
+    zone: str = "us-central1-a"
 
     def prefix(self) -> str:
         return f"hlf-{self.name}"
@@ -103,13 +117,15 @@ def _vm(index: int, raw: dict | str, networks: dict[str, Network]) -> VM:
         platform=raw.pop("platform", "debian12"),
         second_nic=raw.pop("second_nic", None),
         decoy=raw.pop("decoy", None),
+        machine_type=str(raw.pop("machine_type", "n2-standard-4")),
+        labels=_labels(index, raw.pop("labels", None)),
     )
     where = f"vms[{index}] ({vm.name})"
     tags = raw.pop("tags", None) or []
     if raw:
         _fail(
             f"{where}: unknown keys {sorted(raw)}; known: name, nic, platform, second_nic, "
-            "decoy, tags"
+            "decoy, tags, machine_type, labels"
         )
     if not isinstance(tags, list) or not all(
         isinstance(t, str) and gce_firewall.NAME_RE.match(t) for t in tags
@@ -118,6 +134,8 @@ def _vm(index: int, raw: dict | str, networks: dict[str, Network]) -> VM:
             f"{where}: tags must be a list of network tags matching {gce_firewall.NAME_RE.pattern}"
         )
     vm = replace(vm, tags=tuple(tags))
+    if not re.match(r"^[a-z][a-z0-9-]{0,62}$", vm.machine_type):
+        _fail(f"{where}: machine_type {vm.machine_type!r} is no machine type name")
     if not NAME_RE.match(vm.name):
         _fail(f"{where}: name must match {NAME_RE.pattern}")
     if vm.platform not in PLATFORMS:
@@ -132,6 +150,22 @@ def _vm(index: int, raw: dict | str, networks: dict[str, Network]) -> VM:
         if getattr(vm, key) and role not in networks:
             _fail(f"{where}: {key} needs networks.{role} to be defined")
     return vm
+
+
+def _labels(index: int, raw) -> dict[str, str] | None:
+    """A VM's labels as Compute Engine accepts them (None: the default ones)."""
+    if raw is None:
+        return None
+    if not isinstance(raw, dict) or len(raw) > 64:
+        _fail(f"vms[{index}].labels must be a mapping of at most 64 labels")
+    labels = {str(k): str(v) for k, v in raw.items()}
+    for key, value in labels.items():
+        if not LABEL_KEY_RE.match(key) or not LABEL_VALUE_RE.match(value):
+            _fail(
+                f"vms[{index}].labels: {key}={value!r}: keys must match {LABEL_KEY_RE.pattern}, "
+                f"values {LABEL_VALUE_RE.pattern}"
+            )
+    return labels
 
 
 def _shifted(raw: dict, shift: int) -> dict:
@@ -234,9 +268,50 @@ def parse(raw: dict) -> ClusterSpec:
     if not inventory.is_absolute():
         inventory = repo_root() / inventory
     firewall = _firewall(raw.get("firewall"), int(raw.get("shift") or 0))
+    project = str(raw.get("project") or "hostnet-box")
+    if not PROJECT_RE.match(project):
+        _fail(f"project {project!r} must match {PROJECT_RE.pattern} (a GCP project ID)")
+    zone = str(raw.get("zone") or "us-central1-a")
+    if not ZONE_RE.match(zone):
+        _fail(f"zone {zone!r} must be a zone name such as us-central1-a")
     return ClusterSpec(
-        name=name, user=user, networks=networks, vms=vms, inventory=inventory, firewall=firewall
+        name=name,
+        user=user,
+        networks=networks,
+        vms=vms,
+        inventory=inventory,
+        firewall=firewall,
+        project=project,
+        zone=zone,
     )
+
+
+def to_raw(definition: ClusterSpec) -> dict:
+    """The definition as parse() takes it back (subnets already shifted): for state.json."""
+    return {
+        "name": definition.name,
+        "user": definition.user,
+        "project": definition.project,
+        "zone": definition.zone,
+        "inventory": str(definition.inventory),
+        "networks": {
+            role: {"subnet": str(n.subnet), "mtu": n.mtu} for role, n in definition.networks.items()
+        },
+        "vms": [
+            {
+                "name": vm.name,
+                "nic": vm.nic,
+                "platform": vm.platform,
+                "second_nic": vm.second_nic,
+                "decoy": vm.decoy,
+                "machine_type": vm.machine_type,
+                "labels": vm.labels,
+                "tags": list(vm.tags),
+            }
+            for vm in definition.vms
+        ],
+        "firewall": [dict(rule) for rule in definition.firewall],
+    }
 
 
 def repo_root() -> Path:

@@ -267,3 +267,290 @@ def test_history_outlives_reset_and_clearing_the_log(fake):
     assert server.compute.log == []
     assert [(e["method"], e["status"]) for e in history] == [("GET", 200)]
     assert history[0]["response"]["kind"] == "compute#firewallList"
+
+
+# -- instances per zone, a backend, OAuth2 ------------------------------------------------------
+
+ZONE = "https://compute.googleapis.com/compute/v1/projects/box-project/zones/us-central1-a"
+
+
+class Backend:
+    """A backend as gce_control.ClusterBackend is one, in memory: every action recorded; an
+    action waits for `release` when it is cleared, raises when `fail` names it."""
+
+    project, zone, networks = "box-project", "us-central1-a", ["default"]
+
+    def __init__(self):
+        self.calls, self.rules = [], []
+        self.release = threading.Event()
+        self.release.set()
+        self.fail = None
+        self.status = {"vm0": "RUNNING", "vm1": "RUNNING"}
+        self.labels = {"vm0": {"llamafactory": "training"}, "vm1": {"role": "web"}}
+
+    def instances(self):
+        link = f"{compute_api.LINK}projects/{self.project}/zones/{self.zone}"
+        return [
+            {
+                "kind": "compute#instance",
+                "name": name,
+                "zone": link,
+                "selfLink": f"{link}/instances/{name}",
+                "status": status,
+                "labels": dict(self.labels[name]),
+            }
+            for name, status in self.status.items()
+        ]
+
+    def _act(self, verb, name, *args):
+        self.calls.append((verb, name, *args))
+        self.release.wait(5)
+        if self.fail == verb:
+            raise RuntimeError(f"{verb} failed")
+
+    def stop(self, name):
+        self._act("stop", name)
+        self.status[name] = "TERMINATED"
+
+    def start(self, name):
+        self._act("start", name)
+        self.status[name] = "RUNNING"
+
+    def reset(self, name):
+        self._act("reset", name)
+
+    def delete(self, name):
+        self._act("delete", name)
+        del self.status[name]
+
+    def set_labels(self, name, labels):
+        self._act("set_labels", name, labels)
+        self.labels[name] = labels
+
+    def firewalls_landed(self, rules):
+        self.rules.append([r["name"] for r in rules])
+
+
+@pytest.fixture
+def boxed(tmp_path):
+    backend = Backend()
+    server = compute_api.Server(tmp_path, backend=backend)
+    thread = threading.Thread(target=server.serve_forever, kwargs={"poll_interval": 0.05})
+    thread.start()
+    session = requests.Session()
+    session.trust_env = False
+    info = server.client_info()
+    session.proxies = {"https": info["proxy"], "http": info["proxy"]}
+    session.verify = info["ca"]
+    session.headers["Authorization"] = f"Bearer {info['token']}"
+    yield server, session, backend
+    session.close()
+    server.shutdown()
+    server.server_close()
+    thread.join(5)
+
+
+def polled_done(session, operation):
+    """Poll an operation at its selfLink until it is DONE."""
+    deadline = time.monotonic() + 5
+    while operation["status"] != "DONE":
+        assert time.monotonic() < deadline
+        time.sleep(0.05)
+        operation = session.get(operation["selfLink"]).json()
+    return operation
+
+
+def test_zonal_list_and_get_read_the_backend(boxed):
+    _server, session, backend = boxed
+    listed = session.get(f"{ZONE}/instances").json()
+    assert listed["kind"] == "compute#instanceList"
+    assert [i["name"] for i in listed["items"]] == ["vm0", "vm1"]
+    filtered = session.get(
+        f"{ZONE}/instances", params={"filter": "labels.llamafactory = training"}
+    ).json()
+    assert [i["name"] for i in filtered["items"]] == ["vm0"]
+    backend.status["vm0"] = "TERMINATED"  # read live at every request
+    got = session.get(f"{ZONE}/instances/vm0").json()
+    assert got["status"] == "TERMINATED"
+    assert got["labelFingerprint"] == compute_api.label_fingerprint({"llamafactory": "training"})
+    assert error(session.get(f"{ZONE}/instances/vm9"))[:3] == (404, 404, "notFound")
+    other_zone = session.get(ZONE.replace("us-central1-a", "asia-east1-a") + "/instances")
+    assert error(other_zone)[3] == (
+        "The resource 'projects/box-project/zones/asia-east1-a' was not found"
+    )
+    aggregated = session.get(
+        "https://compute.googleapis.com/compute/v1/projects/box-project/aggregated/instances"
+    ).json()
+    names = [i["name"] for i in aggregated["items"]["zones/us-central1-a"]["instances"]]
+    assert names == ["vm0", "vm1"]
+
+
+def test_writes_run_the_backend_in_an_operation(boxed):
+    _server, session, backend = boxed
+    backend.release.clear()  # the backend's stop takes its time
+    operation = session.post(f"{ZONE}/instances/vm1/stop").json()
+    assert (operation["kind"], operation["operationType"]) == ("compute#operation", "stop")
+    assert operation["selfLink"].endswith(
+        f"/projects/box-project/zones/us-central1-a/operations/{operation['name']}"
+    )
+    assert operation["targetLink"].endswith("/zones/us-central1-a/instances/vm1")
+    time.sleep(0.2)
+    polled = session.get(f"{ZONE}/operations/{operation['name']}").json()
+    assert polled["status"] == "RUNNING"
+    global_path = f"{BASE.replace('hlf-test', 'box-project')}/operations/{operation['name']}"
+    assert session.get(global_path).status_code == 404  # a zonal operation
+    backend.release.set()
+    polled_done(session, polled)
+    assert session.get(f"{ZONE}/instances/vm1").json()["status"] == "TERMINATED"
+
+    code, _code, reason, _message = error(session.post(f"{ZONE}/instances/vm1/reset"))
+    assert (code, reason) == (400, "resourceNotReady")  # reset needs a running VM
+    polled_done(session, session.post(f"{ZONE}/instances/vm1/start").json())
+    polled_done(session, session.post(f"{ZONE}/instances/vm1/reset").json())
+    polled_done(session, session.delete(f"{ZONE}/instances/vm1").json())
+    assert [c[:2] for c in backend.calls] == [
+        ("stop", "vm1"),
+        ("start", "vm1"),
+        ("reset", "vm1"),
+        ("delete", "vm1"),
+    ]
+    assert session.get(f"{ZONE}/instances/vm1").status_code == 404
+
+    backend.fail = "stop"
+    failed = polled_done(session, session.post(f"{ZONE}/instances/vm0/stop").json())
+    assert failed["error"]["errors"][0]["message"] == "RuntimeError: stop failed"
+    assert session.post(f"{ZONE}/instances/vm0/halt").status_code == 404
+
+
+def test_set_labels_needs_the_current_fingerprint(boxed):
+    server, session, backend = boxed
+    fingerprint = session.get(f"{ZONE}/instances/vm1").json()["labelFingerprint"]
+    stale = {"labels": {"llamafactory": "training"}, "labelFingerprint": "c3RhbGU="}
+    code, _code, reason, _message = error(
+        session.post(f"{ZONE}/instances/vm1/setLabels", json=stale)
+    )
+    assert (code, reason) == (412, "conditionNotMet")
+    bad = {"labels": {"Rank": "1"}, "labelFingerprint": fingerprint}
+    assert error(session.post(f"{ZONE}/instances/vm1/setLabels", json=bad))[0] == 400
+    new = {"llamafactory": "training", "llamafactory-rank": "1"}
+    body = {"labels": new, "labelFingerprint": fingerprint}
+    done = polled_done(session, session.post(f"{ZONE}/instances/vm1/setLabels", json=body).json())
+    assert done["operationType"] == "setLabels"
+    assert backend.calls == [("set_labels", "vm1", new)]
+    got = session.get(f"{ZONE}/instances/vm1").json()
+    assert (got["labels"], got["labelFingerprint"]) == (new, compute_api.label_fingerprint(new))
+    # the old fingerprint is stale now
+    assert error(session.post(f"{ZONE}/instances/vm1/setLabels", json=body))[0] == 412
+    server.compute.configure({"deny": ["compute.instances.setLabels"]})
+    body["labelFingerprint"] = got["labelFingerprint"]
+    assert error(session.post(f"{ZONE}/instances/vm1/setLabels", json=body))[0] == 403
+
+
+def test_firewall_writes_that_land_reach_the_backend(boxed):
+    _server, session, backend = boxed
+    base = BASE.replace("hlf-test", "box-project")
+    polled_done(session, session.post(f"{base}/firewalls", json=rule("r1")).json())
+    polled_done(session, session.post(f"{base}/firewalls", json=rule("r2")).json())
+    polled_done(session, session.delete(f"{base}/firewalls/r1").json())
+    assert backend.rules == [["r1"], ["r1", "r2"], ["r2"]]
+
+
+def test_static_instances_stop_start_and_delete_in_memory(fake):
+    server, session = fake
+    zone = ZONE.replace("box-project", "hlf-test")
+    nic = {"networkIP": "10.128.0.2", "accessConfigs": [{"natIP": "203.0.113.2"}]}
+    server.compute.put_instance("hlf-test", "us-central1-a", "a", {"networkInterfaces": [nic]})
+
+    polled_done(session, session.post(f"{zone}/instances/a/stop").json())
+    stopped = session.get(f"{zone}/instances/a").json()
+    assert stopped["status"] == "TERMINATED"
+    assert "natIP" not in stopped["networkInterfaces"][0]["accessConfigs"][0]
+    polled_done(session, session.post(f"{zone}/instances/a/start").json())
+    started = session.get(f"{zone}/instances/a").json()
+    assert started["status"] == "RUNNING"
+    assert started["networkInterfaces"][0]["accessConfigs"][0]["natIP"] == "203.0.113.2"
+    polled_done(session, session.delete(f"{zone}/instances/a").json())
+    assert session.get(f"{zone}/instances/a").status_code == 404
+
+
+def token_request(server, session, **form):
+    return session.post("https://oauth2.googleapis.com/token", data=form)
+
+
+def test_a_service_account_file_gets_a_token_the_api_accepts(fake, tmp_path):
+    import google.auth.transport.requests
+    import google.oauth2.service_account
+
+    server, session = fake
+    account = json.loads((tmp_path / "service-account.json").read_text())
+    assert account["type"] == "service_account"
+    assert account["token_uri"] == compute_api.TOKEN_URI
+    assert (tmp_path / "service-account.json").stat().st_mode & 0o077 == 0
+    credentials = google.oauth2.service_account.Credentials.from_service_account_info(
+        account, scopes=["https://www.googleapis.com/auth/compute"]
+    )
+    plain = requests.Session()
+    plain.trust_env, plain.proxies, plain.verify = False, session.proxies, session.verify
+    authorized = google.auth.transport.requests.AuthorizedSession(
+        credentials, auth_request=google.auth.transport.requests.Request(plain)
+    )
+    authorized.trust_env, authorized.proxies, authorized.verify = (
+        False,
+        session.proxies,
+        session.verify,
+    )
+    assert authorized.get(f"{BASE}/firewalls").status_code == 200
+    assert credentials.token.startswith("ya29.")
+    grants = [e for e in server.compute.log if e["host"] == "oauth2.googleapis.com"]
+    assert [(g["path"], g["status"]) for g in grants] == [("/token", 200)]
+    authorized.close()
+
+
+def test_the_token_endpoint_refuses_what_google_refuses(fake, tmp_path):
+    import google.auth.crypt
+    import google.auth.jwt
+    from cryptography.hazmat.primitives import serialization
+    from cryptography.hazmat.primitives.asymmetric import rsa
+
+    server, session = fake
+    account = json.loads((tmp_path / "service-account.json").read_text())
+    signer = google.auth.crypt.RSASigner.from_service_account_info(account)
+    now = int(time.time())
+    claims = {
+        "iss": account["client_email"],
+        "aud": account["token_uri"],
+        "scope": "https://www.googleapis.com/auth/compute",
+        "iat": now,
+        "exp": now + 3600,
+    }
+
+    def grant(signer=signer, grant_type=compute_api.JWT_BEARER, **changes):
+        assertion = google.auth.jwt.encode(signer, {**claims, **changes}).decode()
+        answer = token_request(server, session, grant_type=grant_type, assertion=assertion)
+        return answer.status_code, answer.json()
+
+    status, body = grant()
+    assert status == 200
+    assert (body["token_type"], body["expires_in"]) == ("Bearer", 3599)
+    bearer = {"Authorization": f"Bearer {body['access_token']}"}
+    assert session.get(f"{BASE}/firewalls", headers=bearer).status_code == 200
+
+    other_key = rsa.generate_private_key(public_exponent=65537, key_size=2048)
+    pem = other_key.private_bytes(
+        serialization.Encoding.PEM,
+        serialization.PrivateFormat.PKCS8,
+        serialization.NoEncryption(),
+    ).decode()
+    forged = google.auth.crypt.RSASigner.from_string(pem)
+    assert grant(signer=forged) == (
+        400,
+        {"error": "invalid_grant", "error_description": "Invalid JWT Signature."},
+    )
+    assert grant(grant_type="client_credentials")[1]["error"] == "unsupported_grant_type"
+    assert grant(exp=now - 10, iat=now - 100)[1]["error"] == "invalid_grant"
+    assert grant(exp=now + 7200)[1]["error"] == "invalid_grant"  # longer than an hour
+    assert grant(aud="https://example.com/token")[1]["error"] == "invalid_grant"
+    assert grant(iss="someone@else.iam.gserviceaccount.com")[1]["error"] == "invalid_grant"
+    assert grant(scope="")[1]["error"] == "invalid_scope"
+    made_up = {"Authorization": "Bearer ya29.made-up"}
+    assert session.get(f"{BASE}/firewalls", headers=made_up).status_code == 401

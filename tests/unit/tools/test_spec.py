@@ -1,6 +1,7 @@
 """The cluster definition: defaults, overrides, and refusals that name the fix."""
 
 import ipaddress
+import json
 
 import pytest
 import yaml
@@ -182,6 +183,26 @@ def test_a_definition_replaces_the_rules_and_tags_its_vms():
     assert cluster.spec_hash(definition) != cluster.spec_hash(parse())
 
 
+def test_compute_engine_keys_and_their_defaults():
+    definition = parse()
+    assert (definition.project, definition.zone) == ("hostnet-box", "us-central1-a")
+    assert [vm.machine_type for vm in definition.vms] == ["n2-standard-4"] * 2
+    assert [vm.initial_labels() for vm in definition.vms] == [
+        {"llamafactory": "training", "llamafactory-rank": "0"},
+        {"llamafactory": "training", "llamafactory-rank": "1"},
+    ]
+    given = parse(
+        project="my-project-1",
+        zone="europe-west4-b",
+        vms=[{"name": "a", "machine_type": "a2-highgpu-1g", "labels": {"role": "web"}}],
+    )
+    assert (given.project, given.zone) == ("my-project-1", "europe-west4-b")
+    assert (given.vms[0].machine_type, given.vms[0].initial_labels()) == (
+        "a2-highgpu-1g",
+        {"role": "web"},
+    )
+
+
 @pytest.mark.parametrize(
     ("changes", "message"),
     [
@@ -201,3 +222,24 @@ def test_a_definition_replaces_the_rules_and_tags_its_vms():
 def test_bad_rules_and_tags_are_refused_with_the_fix(changes, message):
     with pytest.raises(ClusterError, match=message):
         parse(**changes)
+
+
+@pytest.mark.parametrize(
+    ("changes", "message"),
+    [
+        ({"project": "Bad_Project"}, "project 'Bad_Project' must match"),
+        ({"zone": "moon"}, "zone 'moon' must be a zone name"),
+        ({"vms": [{"name": "a", "labels": {"Rank": "1"}}]}, r"vms\[0\].labels: Rank='1'"),
+        ({"vms": [{"name": "a", "labels": ["x"]}]}, "must be a mapping"),
+        ({"vms": [{"name": "a", "machine_type": "N2 big"}]}, "no machine type name"),
+    ],
+)
+def test_compute_engine_keys_are_checked(changes, message):
+    with pytest.raises(ClusterError, match=message):
+        parse(**changes)
+
+
+def test_to_raw_round_trips_a_shifted_definition():
+    definition = parse(shift=6, vms=[{"name": "a", "labels": {"x": "1"}}, {"name": "b"}])
+    assert spec.parse(spec.to_raw(definition)) == definition
+    assert json.loads(json.dumps(spec.to_raw(definition))) == spec.to_raw(definition)

@@ -1,0 +1,204 @@
+"""The local cluster's fake Compute Engine API (tools/localcluster/gce_control.py) answers for its
+VMs and acts on them: the gcp_compute inventory plugin, authenticated with the service-account
+file the fake wrote, lists the VMs; stop, start and setLabels through the API change the VMs and
+what the inventory shows. One two-VM cluster of its own ('cp', shift 6)."""
+
+import json
+import os
+import subprocess
+import sys
+import time
+
+import docker
+import google.auth.transport.requests
+import google.oauth2.service_account
+import pytest
+import requests
+import yaml
+from conftest import ROOT, VM
+from localcluster import cluster, spec
+
+pytestmark = pytest.mark.cluster  # brings up a local cluster
+
+ANSIBLE_INVENTORY = os.path.join(os.path.dirname(sys.executable), "ansible-inventory")
+SCOPES = ["https://www.googleapis.com/auth/compute"]
+
+
+@pytest.fixture(scope="module")
+def cp():
+    definition = spec.load(name="cp", shift=6)
+    state = cluster.up(definition)
+    yield definition, state
+    cluster.down(definition)
+    assert not cluster.state_dir(definition).exists()
+
+
+@pytest.fixture(scope="module")
+def api(cp):
+    """A session authorized as the fake's service account (tokens from its /token), and the
+    zone's URL."""
+    gce = cp[1]["gce"]
+    credentials = google.oauth2.service_account.Credentials.from_service_account_file(
+        gce["service_account_file"], scopes=SCOPES
+    )
+    plain = requests.Session()
+    plain.trust_env = False
+    plain.proxies = {"https": gce["proxy"]}
+    plain.verify = gce["ca"]
+    session = google.auth.transport.requests.AuthorizedSession(
+        credentials, auth_request=google.auth.transport.requests.Request(plain)
+    )
+    session.trust_env = False
+    session.proxies = {"https": gce["proxy"]}
+    session.verify = gce["ca"]
+    zone = (
+        f"https://compute.googleapis.com/compute/v1/projects/{gce['project']}/zones/{gce['zone']}"
+    )
+    yield session, zone
+    session.close()
+
+
+def done(session, zone, operation, deadline_s=90):
+    started = time.monotonic()
+    while operation["status"] != "DONE":
+        assert time.monotonic() - started < deadline_s, operation
+        time.sleep(0.5)
+        answer = session.get(f"{zone}/operations/{operation['name']}")
+        assert answer.status_code == 200, answer.text
+        operation = answer.json()
+    assert "error" not in operation, operation["error"]
+    return operation
+
+
+def act(api, name, verb, body=None):
+    session, zone = api
+    answer = session.post(f"{zone}/instances/{name}/{verb}", json=body)
+    assert answer.status_code == 200, answer.text
+    return done(session, zone, answer.json())
+
+
+def inventory(cp, tmp_path):
+    """ansible-inventory --list on the example inventory, pointed at the box's project with the
+    service-account file; (groups, hostvars)."""
+    gce = cp[1]["gce"]
+    config = yaml.safe_load((ROOT / "inventories" / "gcp_compute.yml").read_text())
+    config.update(
+        projects=[gce["project"]],
+        zones=[gce["zone"]],
+        auth_kind="serviceaccount",
+        service_account_file=gce["service_account_file"],
+    )
+    path = tmp_path / "box.gcp_compute.yml"
+    path.write_text(yaml.safe_dump(config))
+    environment = {
+        k: v for k, v in os.environ.items() if not k.startswith(("GCP_", "LLAMAFACTORY_"))
+    }
+    environment.update(gce["env"], ANSIBLE_CONFIG=str(ROOT / "ansible.cfg"))
+    environment["ANSIBLE_INVENTORY_UNPARSED_FAILED"] = "1"
+    result = subprocess.run(
+        [ANSIBLE_INVENTORY, "-i", str(path), "--list"],
+        cwd=ROOT,
+        env=environment,
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+    )
+    assert result.returncode == 0, result.stderr
+
+    def unwrap(value):
+        return value["__ansible_unsafe"] if set(value) == {"__ansible_unsafe"} else value
+
+    listed = json.loads(result.stdout, object_hook=unwrap)
+    return listed, listed["_meta"]["hostvars"]
+
+
+def ssh(state, node):
+    return subprocess.run(
+        [
+            "ssh",
+            "-i",
+            state["ssh_key"],
+            "-o",
+            "BatchMode=yes",
+            "-o",
+            "IdentitiesOnly=yes",
+            "-o",
+            f"UserKnownHostsFile={state['known_hosts']}",
+            "-o",
+            "StrictHostKeyChecking=yes",
+            "-o",
+            "ConnectTimeout=10",
+            f"{state['user']}@{node['external_address']}",
+            "hostname",
+        ],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+    )
+
+
+def test_inventory_stop_start_and_labels_through_the_api(cp, api, tmp_path):
+    definition, state = cp
+    vm0, vm1 = state["nodes"]
+    groups, hostvars = inventory(cp, tmp_path)
+    assert sorted(groups["llamafactory"]["hosts"]) == ["vm0", "vm1"]
+    for node in (vm0, vm1):
+        host = hostvars[node["name"]]
+        assert host["ansible_host"] == node["external_address"]
+        assert host["llamafactory_node_rank"] == node["index"]
+        assert host["gcp_status"] == "RUNNING"
+        assert host["gcp_networkInterfaces"][0]["networkIP"] == node["vpc_address"]
+        assert host["gcp_machineType"] == "n2-standard-4"  # the plugin keeps the name
+        assert (host["llamafactory_gcp_project"], host["gcp_firewall_network"]) == (
+            "hostnet-box",
+            "default",
+        )
+
+    # stop: the container stops, its disk stays; the inventory shows TERMINATED, no natIP.
+    act(api, "vm1", "stop")
+    client = docker.from_env()
+    assert client.containers.get(vm1["container"]).status == "exited"
+    client.volumes.get(definition.volume(definition.vms[1]))
+    _groups, hostvars = inventory(cp, tmp_path)
+    assert hostvars["vm1"]["gcp_status"] == "TERMINATED"
+    assert "natIP" not in hostvars["vm1"]["gcp_networkInterfaces"][0]["accessConfigs"][0]
+    assert hostvars["vm1"]["ansible_host"] == vm1["vpc_address"]
+
+    # start: SSH with the controller's key and the recorded host key; the NIC is back.
+    act(api, "vm1", "start")
+    answer = ssh(state, vm1)
+    assert answer.returncode == 0, answer.stderr
+    assert answer.stdout.strip() == "vm1"
+    links = VM(vm1).addresses()
+    assert links[vm1["nic"]]["ipv4"] == [(vm1["vpc_address"], vm1["vpc_prefix"])]
+    # renamed again (Docker names them eth0, eth1 at every start), with the external filter
+    assert links[cluster.EXTERNAL_NIC]["ipv4"][0][0] == vm1["external_address"]
+    assert not [n for n in links if n.startswith("hlftmp") or n == "eth1"]
+    assert f"-i {cluster.EXTERNAL_NIC} -j DROP" in VM(vm1).sh("iptables -S INPUT").stdout
+    assert VM(vm1).default_route()["dev"] == vm1["nic"]
+    assert "vm0" in VM(vm1).sh("getent hosts vm0").stdout
+    _groups, hostvars = inventory(cp, tmp_path)
+    assert hostvars["vm1"]["gcp_status"] == "RUNNING"
+    assert hostvars["vm1"]["ansible_host"] == vm1["external_address"]
+
+    # setLabels: a stale fingerprint is refused; the current one takes vm0 out of the group.
+    session, zone = api
+    fingerprint = session.get(f"{zone}/instances/vm0").json()["labelFingerprint"]
+    stale = session.post(
+        f"{zone}/instances/vm0/setLabels",
+        json={"labels": {"llamafactory": "idle"}, "labelFingerprint": "c3RhbGU="},
+    )
+    assert stale.status_code == 412, stale.text
+    act(
+        api,
+        "vm0",
+        "setLabels",
+        {"labels": {"llamafactory": "idle"}, "labelFingerprint": fingerprint},
+    )
+    groups, hostvars = inventory(cp, tmp_path)
+    assert groups["llamafactory"]["hosts"] == ["vm1"]
+    assert sorted(hostvars) == ["vm1"]  # the API's filter leaves vm0 out
+    labels = json.loads((cluster.state_dir(definition) / "labels.json").read_text())
+    assert labels == {"vm0": {"llamafactory": "idle"}}
