@@ -388,7 +388,7 @@ def validate_response(method_id, status, body):
     return contract().validate_response(method_id, status, body)
 
 
-TOKEN_HOST = "oauth2.googleapis.com"
+OAUTH2_API_HOST = "oauth2.googleapis.com"
 
 
 def validate_log(entries):
@@ -400,7 +400,7 @@ def validate_log(entries):
     api = contract()
     problems = []
     for number, entry in enumerate(entries):
-        if entry.get("refused") or entry.get("host") == TOKEN_HOST:
+        if entry.get("refused") or entry.get("host") == OAUTH2_API_HOST:
             continue
         url = f"https://{entry['host']}{entry['path']}"
         label = f"request {number} ({entry['method']} {entry['path']} -> {entry['status']})"

@@ -16,7 +16,7 @@ import pytest
 import requests
 import yaml
 from conftest import ROOT, VM
-from localcluster import cluster, spec
+from localcluster import cluster, gce_firewall, spec
 
 pytestmark = pytest.mark.cluster  # brings up a local cluster
 
@@ -176,7 +176,10 @@ def test_inventory_stop_start_and_labels_through_the_api(cp, api, tmp_path):
     # renamed again (Docker names them eth0, eth1 at every start), with the external filter
     assert links[cluster.EXTERNAL_NIC]["ipv4"][0][0] == vm1["external_address"]
     assert not [n for n in links if n.startswith("hlftmp") or n == "eth1"]
-    assert f"-i {cluster.EXTERNAL_NIC} -j DROP" in VM(vm1).sh("iptables -S INPUT").stdout
+    # the VPC firewall is in force again on both NICs (it lives in the VM's netfilter)
+    chains = gce_firewall.show(vm1["container"])
+    assert f"-i {cluster.EXTERNAL_NIC} -j HLF-GCE-INGRESS" in chains
+    assert f"-i {vm1['nic']} -j HLF-GCE-INGRESS" in chains
     assert VM(vm1).default_route()["dev"] == vm1["nic"]
     assert "vm0" in VM(vm1).sh("getent hosts vm0").stdout
     _groups, hostvars = inventory(cp, tmp_path)
