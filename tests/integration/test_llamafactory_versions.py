@@ -102,13 +102,13 @@ def test_lf090_trains_two_nodes_and_the_preflight_says_it_reads_rank(lf090):
         assert env["RANK"] == env["NODE_RANK"] == str(rank)
         # Every node saved the finished adapter (save_on_each_node).
         vm.sh(f"test -s {JOBS}/{JOB}/output/checkpoint-{STEPS}/adapter_model.safetensors")
-    # rank 0 logged every step; 2 samples per step per rank over 64 samples: a step is 1/16 of an
-    # epoch only when both ranks joined one process group (1/32 with one rank).
+    # rank 0 logged every step; 4 samples per step per rank over 64 samples: a step is 1/8 of an
+    # epoch only when both ranks joined one process group (1/16 with one rank).
     log = [r for r in _trainer_log(vm0) if "loss" in r]
     assert [r["current_steps"] for r in log] == list(range(1, STEPS + 1))
-    assert log[-1]["epoch"] == pytest.approx(STEPS / 16)
+    assert log[-1]["epoch"] == pytest.approx(STEPS / 8)
     text = vm0.sh(f"docker logs llamafactory-{JOB} 2>&1", timeout=60).stdout
-    assert "Total train batch size (w. parallel, distributed & accumulation) = 4" in text
+    assert "Total train batch size (w. parallel, distributed & accumulation) = 8" in text
     summary = _messages(lf090["events"], "Summarize")
     assert summary and f"job {JOB} finished: {STEPS} steps" in summary[0], summary
 

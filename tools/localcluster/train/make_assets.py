@@ -1,12 +1,12 @@
 """Make the demo's tiny model and dataset offline (runs inside the training image).
 
 usage: python make_assets.py OUT  ->  OUT/model (a random 2-layer Llama with its own byte-level
-BPE tokenizer, about 150k parameters) and OUT/data (64 alpaca records + dataset_info.json).
+BPE tokenizer, about 140k parameters) and OUT/data (64 alpaca records: 8 fixed question/answer
+pairs, 8 times each, + dataset_info.json).
 Deterministic: the same seed gives the same files.
 """
 
 import json
-import random
 import sys
 from pathlib import Path
 
@@ -14,61 +14,33 @@ import torch
 from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
 from transformers import LlamaConfig, LlamaForCausalLM, PreTrainedTokenizerFast
 
-WORDS = [
-    "node",
-    "rank",
-    "master",
-    "address",
-    "port",
-    "network",
-    "interface",
-    "host",
-    "bridge",
-    "container",
-    "docker",
-    "nccl",
-    "gloo",
-    "training",
-    "step",
-    "loss",
-    "checkpoint",
-    "adapter",
-    "gradient",
-    "batch",
-    "layer",
-    "model",
-    "token",
-    "dataset",
-    "firewall",
-    "route",
-    "packet",
-    "socket",
-    "peer",
-    "cluster",
-    "job",
-    "config",
-    "image",
-    "volume",
-    "shard",
-    "optimizer",
-    "learning",
-    "rate",
+# Eight fixed questions with short answers, each repeated 8 times: records a tiny model can
+# learn in the demo's 12 steps (random sentences would leave the loss at a guess's, ln(vocab)).
+PAIRS = [
+    ("Which backend do CPU ranks use?", "gloo"),
+    ("Which backend do GPU ranks use?", "nccl"),
+    ("Which port does the master listen on?", "29500"),
+    ("Which NIC does a GCP VM use?", "ens4"),
+    ("Which rank is the master?", "rank 0"),
+    ("Which ZeRO stage shards the parameters?", "stage 3"),
+    ("What does LoRA train?", "the adapter"),
+    ("Which network fails between VMs?", "the docker bridge"),
 ]
+RECORDS = 64
 SPECIAL = {"bos_token": "<s>", "eos_token": "</s>", "pad_token": "<pad>"}
+HIDDEN = 64
+# LoRA never trains the output layer, and the final RMSNorm holds the hidden state at length
+# sqrt(HIDDEN): at the usual init (std 0.02) no logit can pass about 1.3, so the loss could
+# never fall far below ln(vocab). This std gives a random hidden state logits of std about 1.5
+# (a first loss near ln(vocab) still) and an adapter room for logits of about 12.
+OUTPUT_STD = 1.5 / HIDDEN**0.5
 
 
-def records(count: int, rng: random.Random) -> list[dict]:
-    out = []
-    for i in range(count):
-        topic = rng.sample(WORDS, 3)
-        out.append(
-            {
-                "instruction": f"Explain how {topic[0]} relates to {topic[1]}.",
-                "input": "" if i % 3 else f"Context: {topic[2]}.",
-                "output": " ".join(rng.choice(WORDS) for _word in range(12 + i % 7)) + ".",
-            }
-        )
-    return out
+def records(count: int) -> list[dict]:
+    return [
+        {"instruction": question, "input": "", "output": answer}
+        for question, answer in (PAIRS[i % len(PAIRS)] for i in range(count))
+    ]
 
 
 def portable(model_dir: Path) -> None:
@@ -90,9 +62,8 @@ def portable(model_dir: Path) -> None:
 
 
 def main(out: Path) -> None:
-    rng = random.Random(1234)  # noqa: S311 - reproducible sample data
     torch.manual_seed(1234)
-    data = records(64, rng)
+    data = records(RECORDS)
     (out / "data").mkdir(parents=True, exist_ok=True)
     (out / "data" / "alpaca_tiny.json").write_text(json.dumps(data, indent=1))
     (out / "data" / "dataset_info.json").write_text(
@@ -109,7 +80,10 @@ def main(out: Path) -> None:
         initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
         show_progress=False,
     )
-    corpus = [" ".join(r.values()) for r in data] + [" ".join(WORDS)] * 4
+    # The pieces as LLaMA-Factory's default template encodes them, one by one.
+    corpus = ["\nAssistant:"] + [
+        piece for pair in PAIRS for piece in (f"Human: {pair[0]}", pair[1])
+    ]
     tokenizer.train_from_iterator(corpus, trainer=trainer)
     fast = PreTrainedTokenizerFast(tokenizer_object=tokenizer, **SPECIAL)
     model_dir = out / "model"
@@ -117,8 +91,8 @@ def main(out: Path) -> None:
     portable(model_dir)
     config = LlamaConfig(
         vocab_size=len(fast),
-        hidden_size=64,
-        intermediate_size=128,
+        hidden_size=HIDDEN,
+        intermediate_size=2 * HIDDEN,
         num_hidden_layers=2,
         num_attention_heads=4,
         num_key_value_heads=4,
@@ -128,6 +102,8 @@ def main(out: Path) -> None:
         pad_token_id=fast.pad_token_id,
     )
     model = LlamaForCausalLM(config)
+    with torch.no_grad():
+        model.lm_head.weight.normal_(0.0, OUTPUT_STD)
     model.save_pretrained(model_dir)
     count = sum(p.numel() for p in model.parameters())
     print(f"model: {count} parameters in {model_dir}; data: {len(data)} records")
