@@ -313,6 +313,7 @@ def vm_document(
     project: str,
     zone: str,
     name: str,
+    instance_id: int,
     machine_type: str,
     ip: str,
     mac: str,
@@ -333,7 +334,7 @@ def vm_document(
         "instance": {
             "attributes": dict(attributes or {}),
             "hostname": f"{name}.{zone}.c.{project}.internal",
-            "id": numeric_id(f"{project}/{zone}/{name}", digits=19),
+            "id": instance_id,
             "machineType": f"projects/{numeric_project}/machineTypes/{machine_type}",
             "maintenanceEvent": "NONE",
             "name": name,

@@ -18,6 +18,10 @@ DEFAULT_DEFINITION = Path(__file__).resolve().parent / "cluster.yml"
 NAME_RE = re.compile(r"^[a-z][a-z0-9-]{0,20}$")
 NIC_RE = re.compile(r"^[a-z][a-z0-9]{1,14}$")
 HOST_OFFSET = 10  # VM i gets address .(10 + i) on every network
+# GCE's spellings, as its metadata server gives them (checked so the metadata looks real).
+PROJECT_RE = re.compile(r"^[a-z][a-z0-9-]{4,28}[a-z0-9]$")
+ZONE_RE = re.compile(r"^[a-z]+-[a-z]+[0-9]+-[a-z]$")
+MACHINE_TYPE_RE = re.compile(r"^[a-z][a-z0-9]*(-[a-z0-9]+)+$")
 
 
 @dataclass(frozen=True)
@@ -44,6 +48,7 @@ class VM:
     platform: str = "debian12"
     second_nic: str | None = None  # a second real NIC on the "secondary" network
     decoy: str | None = None  # a NIC named like a real one that carries the default route
+    machine_type: str = "n2-standard-4"  # what its metadata server reports (data only)
 
 
 @dataclass(frozen=True)
@@ -53,6 +58,8 @@ class ClusterSpec:
     networks: dict[str, Network]
     vms: tuple[VM, ...]
     inventory: Path
+    project: str = "hostnet-box"  # the GCP project and zone the VMs' metadata reports
+    zone: str = "us-central1-a"
 
     def prefix(self) -> str:
         return f"hlf-{self.name}"
@@ -98,10 +105,19 @@ def _vm(index: int, raw: dict | str, networks: dict[str, Network]) -> VM:
         platform=raw.pop("platform", "debian12"),
         second_nic=raw.pop("second_nic", None),
         decoy=raw.pop("decoy", None),
+        machine_type=str(raw.pop("machine_type", "n2-standard-4")),
     )
     where = f"vms[{index}] ({vm.name})"
     if raw:
-        _fail(f"{where}: unknown keys {sorted(raw)}; known: name, nic, platform, second_nic, decoy")
+        _fail(
+            f"{where}: unknown keys {sorted(raw)}; known: name, nic, platform, second_nic, "
+            "decoy, machine_type"
+        )
+    if not MACHINE_TYPE_RE.match(vm.machine_type):
+        _fail(
+            f"{where}: machine_type {vm.machine_type!r} is not a GCE machine type name "
+            "(such as n2-standard-4 or a2-highgpu-1g)"
+        )
     if not NAME_RE.match(vm.name):
         _fail(f"{where}: name must match {NAME_RE.pattern}")
     if vm.platform not in PLATFORMS:
@@ -175,10 +191,27 @@ def parse(raw: dict) -> ClusterSpec:
     user = str(raw.get("user", "gce"))
     if not re.match(r"^[a-z_][a-z0-9_-]{0,31}$", user) or user == "root":
         _fail(f"user {user!r} must be a plain non-root login name")
+    project = str(raw.get("project", "hostnet-box"))
+    if not PROJECT_RE.match(project):
+        _fail(
+            f"project {project!r} is not a GCP project id: 6-30 lowercase letters, digits "
+            "and hyphens, starting with a letter"
+        )
+    zone = str(raw.get("zone", "us-central1-a"))
+    if not ZONE_RE.match(zone):
+        _fail(f"zone {zone!r} is not a GCE zone name such as us-central1-a")
     inventory = Path(raw.get("inventory") or f"inventories/local/{name}.yml")
     if not inventory.is_absolute():
         inventory = repo_root() / inventory
-    return ClusterSpec(name=name, user=user, networks=networks, vms=vms, inventory=inventory)
+    return ClusterSpec(
+        name=name,
+        user=user,
+        networks=networks,
+        vms=vms,
+        inventory=inventory,
+        project=project,
+        zone=zone,
+    )
 
 
 def repo_root() -> Path:

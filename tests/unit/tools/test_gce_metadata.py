@@ -8,7 +8,7 @@ import threading
 import time
 
 import pytest
-from localcluster import gce_metadata
+from localcluster import cluster, gce_metadata, spec
 
 V1 = "/computeMetadata/v1/"
 GOOGLE = {"Metadata-Flavor": "Google"}
@@ -19,6 +19,7 @@ def document(**instance_changes) -> dict:
         project="hostnet-box",
         zone="us-central1-a",
         name="vm0",
+        instance_id=gce_metadata.numeric_id("demo/vm0", digits=19),
         machine_type="n2-standard-4",
         ip="198.18.0.10",
         mac="02:42:c6:12:00:0a",
@@ -263,3 +264,40 @@ def test_kebab_and_numeric_ids():
     assert gce_metadata.kebab("externalIp") == "external-ip"
     assert gce_metadata.numeric_id("a", 12) == gce_metadata.numeric_id("a", 12)
     assert gce_metadata.numeric_id("a", 12) != gce_metadata.numeric_id("b", 12)
+
+
+def test_the_document_the_cluster_publishes_for_a_vm(tmp_path):
+    definition = spec.load(name="md", shift=7, zone="europe-west4-b")
+    vm1 = definition.vms[1]
+    doc = cluster.metadata_document(definition, vm1, "02:42:c6:12:e0:0b")
+    path = tmp_path / "instance.json"
+    write(path, doc)
+    running = gce_metadata.serve(str(path), "127.0.0.1", 0)
+    try:
+        served = json.loads(get((running,), V1 + "?recursive=true")[1])
+    finally:
+        running.shutdown()
+    instance = served["instance"]
+    assert (instance["name"], instance["hostname"]) == (
+        "vm1",
+        "vm1.europe-west4-b.c.hostnet-box.internal",
+    )
+    assert instance["zone"].endswith("/zones/europe-west4-b")
+    assert instance["machineType"].endswith("/machineTypes/n2-standard-4")
+    nic0 = instance["networkInterfaces"][0]
+    assert (nic0["ip"], nic0["mac"], nic0["mtu"]) == ("198.18.224.11", "02:42:c6:12:e0:0b", 1460)
+    assert (nic0["gateway"], nic0["subnetmask"]) == ("198.18.224.1", "255.255.255.0")
+    assert nic0["accessConfigs"][0]["externalIp"] == "198.19.224.11"
+    assert served["project"]["projectId"] == "hostnet-box"
+    # Ids differ between VMs and between clusters, as GCE's do.
+    other = cluster.metadata_document(spec.load(name="demo"), vm1, "x")["instance"]["id"]
+    assert (
+        len(
+            {
+                instance["id"],
+                other,
+                cluster.metadata_document(definition, definition.vms[0], "x")["instance"]["id"],
+            }
+        )
+        == 3
+    )
