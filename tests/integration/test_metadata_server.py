@@ -72,7 +72,7 @@ def test_a_published_change_wakes_a_waiting_request(md_cluster):
     node = state["nodes"][0]
     vm = VM(node)
     url = f"http://metadata.google.internal/{V1}/instance/preempted"
-    etag = vm.sh(f"curl -sfI -X GET -H 'Metadata-Flavor: Google' {url}").stdout
+    etag = vm.sh(f"{CURL} -D - -o /dev/null {url}").stdout
     etag = next(line.split(":", 1)[1].strip() for line in etag.splitlines() if "ETag" in line)
     waiter = subprocess.Popen(
         [
