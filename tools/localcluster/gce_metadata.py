@@ -216,8 +216,6 @@ def token_answer(data: dict, account: str, query: dict[str, str]) -> Answer:
 
 def make_handler(document: Document, request_log: str | None = None):
     class Handler(BaseHTTPRequestHandler):
-        server_version = "Metadata Server for VM"
-        sys_version = ""
         protocol_version = "HTTP/1.1"
 
         def do_GET(self):
@@ -279,6 +277,9 @@ def make_handler(document: Document, request_log: str | None = None):
                 flavor = self.headers.get("Metadata-Flavor")
                 with open(request_log, "a") as handle:
                     handle.write(f"{self.command} {self.path} {flavor}\n")
+
+        def version_string(self):
+            return "Metadata Server for VM"  # the real server's Server header
 
         def log_message(self, *args):
             pass

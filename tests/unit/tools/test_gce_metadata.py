@@ -65,6 +65,7 @@ def test_a_key_answers_text_with_the_flavor_header_and_an_etag(server):
     assert (response.status, body) == (200, "198.18.0.10")
     assert response.getheader("Metadata-Flavor") == "Google"
     assert response.getheader("Content-Type") == "application/text"
+    assert response.getheader("Server") == "Metadata Server for VM"
     assert response.getheader("ETag") == gce_metadata.etag_of(b"198.18.0.10")
     assert get(server, V1 + "instance/network-interfaces/0/mac")[1] == "02:42:c6:12:00:0a"
     assert get(server, V1 + "instance/network-interfaces/0/subnetmask")[1] == "255.255.255.0"
