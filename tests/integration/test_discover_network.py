@@ -1,8 +1,5 @@
 """primary_nic and the discover_network role on the local VMs: mixed NIC names, a decoy
-default route, asymmetric paths, and the GCE metadata path against a fake metadata server."""
-
-import subprocess
-from pathlib import Path
+default route, asymmetric paths, and the GCE metadata path through every VM's metadata server."""
 
 import pytest
 from conftest import VM, run_module, run_playbook
@@ -10,9 +7,9 @@ from localcluster import cluster, spec
 
 pytestmark = pytest.mark.cluster  # brings up a local cluster
 
-FAKE_METADATA = Path(__file__).with_name("fake_gce_metadata.py")
-METADATA_PORT = 8169
-METADATA_LOG = "/root/metadata-requests.log"
+METADATA_LOG = "/var/log/hlf-gce/requests.log"  # the VM's metadata server logs every request
+# Off GCE: the route-based choice alone (the local inventory asks the metadata server).
+NO_METADATA = {"discover_network_gcp_metadata": "never"}
 
 
 def test_discovery_picks_each_vms_nic(test_cluster, tmp_path):
@@ -25,7 +22,12 @@ def test_discovery_picks_each_vms_nic(test_cluster, tmp_path):
         assert runner.rc == 0, runner.stats
         assert sum(runner.stats["changed"].values()) == 0
         assert facts["vm0"]["primary_nic"]["interface"] == "ens4"
-        assert facts["vm0"]["primary_nic"]["method"] == "default route"
+        # The VM's metadata server names nic0, as on GCE.
+        assert facts["vm0"]["primary_nic"]["method"] == "metadata"
+        assert facts["vm0"]["primary_nic"]["metadata"] == {
+            "ip": vm0["vpc_address"],
+            "mac": vm0["vpc_mac"],
+        }
         assert facts["vm1"]["primary_nic"]["interface"] == "eth0"
         assert facts["vm1"]["primary_nic"]["method"] == "peer route"
         assert facts["vm1"]["primary_nic"]["address"] == vm1["vpc_address"]
@@ -95,7 +97,9 @@ def test_default_route_picks_the_decoy_but_the_peer_route_finds_the_vpc_nic(
 def test_asymmetric_paths_fail_with_the_fix_then_the_override_works(decoy_cluster, tmp_path):
     inventory = decoy_cluster["inventory"]
     vm0 = decoy_cluster["nodes"][0]
-    runner, _facts, results = run_playbook(inventory, tmp_path / "a", "playbooks/discover.yml")
+    runner, _facts, results = run_playbook(
+        inventory, tmp_path / "a", "playbooks/discover.yml", extravars=NO_METADATA
+    )
     assert runner.rc != 0
     failed = [r["res"].get("msg", "") for r in results["vm0"] if not r["ok"]]
     assert failed and "Asymmetric paths" in failed[0]
@@ -106,7 +110,7 @@ def test_asymmetric_paths_fail_with_the_fix_then_the_override_works(decoy_cluste
         inventory,
         tmp_path / "b",
         "playbooks/discover.yml",
-        extravars={"llamafactory_master_interface": "ens4"},
+        extravars={**NO_METADATA, "llamafactory_master_interface": "ens4"},
     )
     assert runner.rc == 0, runner.stats
     assert facts["vm0"]["primary_nic"]["method"] == "override"
@@ -114,51 +118,26 @@ def test_asymmetric_paths_fail_with_the_fix_then_the_override_works(decoy_cluste
 
 
 @pytest.fixture
-def fake_metadata(decoy_cluster):
-    """The fake metadata server on vm0's loopback, answering for vm0's VPC NIC."""
+def metadata_log(decoy_cluster):
+    """vm0 (its default route on the decoy), its metadata server's request log emptied."""
     vm = VM(decoy_cluster["nodes"][0])
-    mac = vm.sh("cat /sys/class/net/ens4/address").stdout.strip()
-    subprocess.run(
-        ["docker", "cp", str(FAKE_METADATA), f"{vm.node['container']}:/root/"], check=True
-    )
-    vm.sh(f"rm -f {METADATA_LOG}")
-    subprocess.run(
-        [
-            "docker",
-            "exec",
-            "-d",
-            vm.node["container"],
-            "python3",
-            "/root/fake_gce_metadata.py",
-            str(METADATA_PORT),
-            METADATA_LOG,
-            f"ip={vm.node['vpc_address']}",
-            f"mac={mac}",
-        ],
-        check=True,
-    )
-    vm.sh(
-        f"for i in $(seq 50); do curl -s -o /dev/null localhost:{METADATA_PORT} && exit 0; "
-        "sleep 0.2; done; exit 1"
-    )
-    vm.sh(f"rm -f {METADATA_LOG}")
-    yield vm, f"http://127.0.0.1:{METADATA_PORT}/computeMetadata/v1"
-    vm.sh("pkill -f fake_gce_metadata.py", check=False)
+    vm.sh(f": > {METADATA_LOG}")
+    return vm
 
 
 def requests(vm) -> list[str]:
-    return vm.sh(f"cat {METADATA_LOG} 2>/dev/null || true").stdout.splitlines()
+    return vm.sh(f"cat {METADATA_LOG}").stdout.splitlines()
 
 
-def test_metadata_path_beats_the_decoy_route(decoy_cluster, fake_metadata, tmp_path):
-    vm, url = fake_metadata
+def test_metadata_path_beats_the_decoy_route(decoy_cluster, metadata_log, tmp_path):
+    vm = metadata_log
     inventory = decoy_cluster["inventory"]
-    # Off GCE (no GCE DMI product name) auto sends nothing, even with the URL pointed here.
+    # Off GCE (no GCE DMI product name) auto asks nothing, though the server would answer.
     auto = run_module(
         inventory,
         tmp_path / "auto",
         "hostnet.llamafactory.primary_nic",
-        f"metadata_url={url}",
+        "",
         hosts="vm0",
     )["vm0"]
     assert (auto["interface"], auto["method"], auto["metadata"]) == ("ens5", "default route", None)
@@ -168,7 +147,7 @@ def test_metadata_path_beats_the_decoy_route(decoy_cluster, fake_metadata, tmp_p
         inventory,
         tmp_path / "always",
         "hostnet.llamafactory.primary_nic",
-        f"gcp_metadata=always metadata_url={url}",
+        "gcp_metadata=always",
         hosts="vm0",
     )["vm0"]
     assert (found["interface"], found["method"]) == ("ens4", "metadata")
@@ -176,18 +155,15 @@ def test_metadata_path_beats_the_decoy_route(decoy_cluster, fake_metadata, tmp_p
     assert any(
         "default route uses ens5, GCE metadata names ens4" in w for w in found["warnings_found"]
     )
+    assert found["metadata"] == {"ip": vm.node["vpc_address"], "mac": vm.node["vpc_mac"]}
     assert requests(vm) == [
-        "/computeMetadata/v1/instance/network-interfaces/0/ip Google",
-        "/computeMetadata/v1/instance/network-interfaces/0/mac Google",
+        f"GET /computeMetadata/v1/instance/network-interfaces/0/{key} Google"
+        for key in ("ip", "mac")
     ]
 
-    # The role's GCP path: rank 0 from metadata, the others by route, symmetric.
-    runner, facts, _results = run_playbook(
-        inventory,
-        tmp_path / "role",
-        "playbooks/discover.yml",
-        extravars={"discover_network_gcp_metadata": "always", "discover_network_metadata_url": url},
-    )
+    # The role's GCP path, as the local inventory sets it: rank 0 from metadata, the others
+    # by route, symmetric.
+    runner, facts, _results = run_playbook(inventory, tmp_path / "role", "playbooks/discover.yml")
     assert runner.rc == 0, runner.stats
     assert facts["vm0"]["primary_nic"]["method"] == "metadata"
     assert facts["vm1"]["discover_network_master_addr"] == vm.node["vpc_address"]

@@ -25,7 +25,7 @@ import docker
 import docker.errors
 import yaml
 
-from . import gce_control, gce_firewall, images
+from . import gce_control, gce_firewall, gce_metadata, images
 from .spec import VM, ClusterSpec, repo_root, to_raw
 from .util import ClusterError, log, pipe, run, wait_until
 
@@ -271,6 +271,30 @@ def _rename_script(container, spec: ClusterSpec, vm: VM) -> str:
     return "\n".join(lines)
 
 
+METADATA_UNIT = "hlf-gce-metadata.service"
+METADATA_SCRIPT = "/usr/local/lib/hlf-gce/gce_metadata.py"
+# The metadata server as a unit: its address on lo (reached by the VM, its host-networked
+# containers, and its bridged containers through the VM's routing) and the name in /etc/hosts,
+# as GCE images have them; both set again at every start, so a restarted VM has them too.
+METADATA_UNIT_TEXT = f"""[Unit]
+Description=GCE metadata server (local cluster)
+After=network.target
+
+[Service]
+ExecStartPre=/bin/sh -ec 'ip addr replace {gce_metadata.ADDRESS}/32 dev lo; \\
+  grep -q "metadata.google.internal" /etc/hosts || \\
+  echo "{gce_metadata.ADDRESS} {" ".join(gce_metadata.HOSTNAMES)}" >> /etc/hosts'
+ExecStart=/usr/bin/python3 {METADATA_SCRIPT} --document {gce_metadata.DOCUMENT} \\
+  --request-log /var/log/hlf-gce/requests.log
+LogsDirectory=hlf-gce
+Restart=always
+RestartSec=1
+
+[Install]
+WantedBy=multi-user.target
+"""
+
+
 USER_SCRIPT = """
 id -u "$VM_USER" >/dev/null 2>&1 || useradd -m -s /bin/bash "$VM_USER"
 usermod -p '*' "$VM_USER"
@@ -324,6 +348,9 @@ def _configure_vm(spec: ClusterSpec, vm: VM, container, public_key: str, probe: 
     configure_network(spec, vm, container)
     _exec(container, USER_SCRIPT, env={"VM_USER": spec.user, "VM_KEY": public_key})
     wait_booted(vm, container)
+    container.reload()
+    vpc_mac = container.attrs["NetworkSettings"]["Networks"][spec.network_name("vpc")]["MacAddress"]
+    instance_id = _start_metadata_server(spec, vm, container, vpc_mac)
     pipe(
         ["docker", "save", probe],
         ["docker", "exec", "-i", container.name, "docker", "load", "-q"],
@@ -352,8 +379,72 @@ def _configure_vm(spec: ClusterSpec, vm: VM, container, public_key: str, probe: 
         "external_address": spec.networks["external"].address(vm.index),
         "second_address": (spec.networks["secondary"].address(vm.index) if vm.second_nic else None),
         "decoy_address": spec.networks["decoy"].address(vm.index) if vm.decoy else None,
+        "vpc_mac": vpc_mac,
+        "project": spec.project,
+        "zone": spec.zone,
+        "machine_type": vm.machine_type,
+        "instance_id": instance_id,
         "host_key": host_key,
     }
+
+
+def metadata_document(spec: ClusterSpec, vm: VM, vpc_mac: str) -> dict:
+    """What the VM's metadata server answers: its name, zone, project, machine type, nic0 (the
+    VPC NIC) with the external address as its access config."""
+    vpc = spec.networks["vpc"]
+    return gce_metadata.vm_document(
+        project=spec.project,
+        zone=spec.zone,
+        name=vm.name,
+        instance_id=gce_metadata.numeric_id(f"{spec.project}/{spec.name}/{vm.name}", digits=19),
+        machine_type=vm.machine_type,
+        ip=vpc.address(vm.index),
+        mac=vpc_mac,
+        prefix=vpc.subnet.prefixlen,
+        gateway=vpc.gateway,
+        mtu=vpc.mtu,
+        external_ip=spec.networks["external"].address(vm.index),
+    )
+
+
+def _start_metadata_server(spec: ClusterSpec, vm: VM, container, vpc_mac: str) -> int:
+    """Install the metadata server and its document into the VM, start it; the VM's id."""
+    document = metadata_document(spec, vm, vpc_mac)
+    gce_metadata.publish(container.name, document)
+    source = Path(gce_metadata.__file__).read_text()
+    run(
+        [
+            "docker",
+            "exec",
+            "-i",
+            container.name,
+            "sh",
+            "-ec",
+            f"install -d /usr/local/lib/hlf-gce && cat > {METADATA_SCRIPT}",
+        ],
+        input_text=source,
+    )
+    run(
+        [
+            "docker",
+            "exec",
+            "-i",
+            container.name,
+            "sh",
+            "-ec",
+            f"cat > /etc/systemd/system/{METADATA_UNIT}",
+        ],
+        input_text=METADATA_UNIT_TEXT,
+    )
+    _exec(container, f"systemctl daemon-reload; systemctl enable --now {METADATA_UNIT}")
+    url = f"http://{gce_metadata.HOSTNAMES[0]}/computeMetadata/v1/instance/id"
+    wait_until(
+        f"{vm.name}: its metadata server",
+        lambda: _exec(container, f"curl -sf -H 'Metadata-Flavor: Google' {url}").strip(),
+        deadline_s=BOOT_DEADLINE_S,
+        interval=0.2,
+    )
+    return document["instance"]["id"]
 
 
 def _check_ssh(state: dict) -> None:

@@ -26,6 +26,7 @@ LABEL_KEY_RE = re.compile(r"^[a-z][a-z0-9_-]{0,62}$")
 LABEL_VALUE_RE = re.compile(r"^[a-z0-9_-]{0,63}$")
 PROJECT_RE = re.compile(r"^[a-z][a-z0-9-]{4,28}[a-z0-9]$")
 ZONE_RE = re.compile(r"^[a-z]+-[a-z]+[0-9]+-[a-z]$")
+MACHINE_TYPE_RE = re.compile(r"^[a-z][a-z0-9]*(-[a-z0-9]+)+$")
 
 
 @dataclass(frozen=True)
@@ -134,8 +135,11 @@ def _vm(index: int, raw: dict | str, networks: dict[str, Network]) -> VM:
             f"{where}: tags must be a list of network tags matching {gce_firewall.NAME_RE.pattern}"
         )
     vm = replace(vm, tags=tuple(tags))
-    if not re.match(r"^[a-z][a-z0-9-]{0,62}$", vm.machine_type):
-        _fail(f"{where}: machine_type {vm.machine_type!r} is no machine type name")
+    if not MACHINE_TYPE_RE.match(vm.machine_type):
+        _fail(
+            f"{where}: machine_type {vm.machine_type!r} is not a GCE machine type name "
+            "(such as n2-standard-4 or a2-highgpu-1g)"
+        )
     if not NAME_RE.match(vm.name):
         _fail(f"{where}: name must match {NAME_RE.pattern}")
     if vm.platform not in PLATFORMS:
@@ -264,16 +268,19 @@ def parse(raw: dict) -> ClusterSpec:
     user = str(raw.get("user", "gce"))
     if not re.match(r"^[a-z_][a-z0-9_-]{0,31}$", user) or user == "root":
         _fail(f"user {user!r} must be a plain non-root login name")
+    project = str(raw.get("project", "hostnet-box"))
+    if not PROJECT_RE.match(project):
+        _fail(
+            f"project {project!r} is not a GCP project id: 6-30 lowercase letters, digits "
+            "and hyphens, starting with a letter"
+        )
+    zone = str(raw.get("zone", "us-central1-a"))
+    if not ZONE_RE.match(zone):
+        _fail(f"zone {zone!r} is not a GCE zone name such as us-central1-a")
     inventory = Path(raw.get("inventory") or f"inventories/local/{name}.yml")
     if not inventory.is_absolute():
         inventory = repo_root() / inventory
     firewall = _firewall(raw.get("firewall"), int(raw.get("shift") or 0))
-    project = str(raw.get("project") or "hostnet-box")
-    if not PROJECT_RE.match(project):
-        _fail(f"project {project!r} must match {PROJECT_RE.pattern} (a GCP project ID)")
-    zone = str(raw.get("zone") or "us-central1-a")
-    if not ZONE_RE.match(zone):
-        _fail(f"zone {zone!r} must be a zone name such as us-central1-a")
     return ClusterSpec(
         name=name,
         user=user,

@@ -82,11 +82,32 @@ def test_shift_moves_every_subnet_and_stays_in_range():
         ({"vms": []}, "define at least one VM"),
         ({"user": "root"}, "plain non-root login"),
         ({"name": "Demo!"}, "name 'Demo!' must match"),
+        ({"project": "Box"}, "project 'Box' is not a GCP project id"),
+        ({"zone": "us-central1"}, "zone 'us-central1' is not a GCE zone name"),
+        (
+            {"vms": [{"name": "vm0", "machine_type": "big box"}]},
+            "machine_type 'big box' is not a GCE machine type name",
+        ),
     ],
 )
 def test_bad_definitions_are_refused_with_the_fix(changes, message):
     with pytest.raises(ClusterError, match=message):
         parse(**changes)
+
+
+def test_project_zone_and_machine_types():
+    default = parse()
+    assert (default.project, default.zone) == ("hostnet-box", "us-central1-a")
+    assert {vm.machine_type for vm in default.vms} == {"n2-standard-4"}
+    definition = parse(
+        project="tiny-lab-42",
+        zone="europe-west4-b",
+        vms=[{"name": "vm0"}, {"name": "gpu0", "machine_type": "a2-highgpu-1g"}],
+    )
+    assert (definition.project, definition.zone) == ("tiny-lab-42", "europe-west4-b")
+    assert [vm.machine_type for vm in definition.vms] == ["n2-standard-4", "a2-highgpu-1g"]
+    # They are part of the definition: a cluster up with other values is recreated.
+    assert cluster.spec_hash(parse(zone="europe-west4-b")) != cluster.spec_hash(default)
 
 
 def test_decoy_needs_its_network():
@@ -227,11 +248,11 @@ def test_bad_rules_and_tags_are_refused_with_the_fix(changes, message):
 @pytest.mark.parametrize(
     ("changes", "message"),
     [
-        ({"project": "Bad_Project"}, "project 'Bad_Project' must match"),
-        ({"zone": "moon"}, "zone 'moon' must be a zone name"),
+        ({"project": "Bad_Project"}, "project 'Bad_Project' is not a GCP project id"),
+        ({"zone": "moon"}, "zone 'moon' is not a GCE zone name"),
         ({"vms": [{"name": "a", "labels": {"Rank": "1"}}]}, r"vms\[0\].labels: Rank='1'"),
         ({"vms": [{"name": "a", "labels": ["x"]}]}, "must be a mapping"),
-        ({"vms": [{"name": "a", "machine_type": "N2 big"}]}, "no machine type name"),
+        ({"vms": [{"name": "a", "machine_type": "N2 big"}]}, "is not a GCE machine type name"),
     ],
 )
 def test_compute_engine_keys_are_checked(changes, message):
