@@ -102,7 +102,7 @@ def lookup(data: dict, parts: list[str]):
         if isinstance(node, list) and is_directory(node):
             if not part.isdigit() or int(part) >= len(node):
                 raise KeyError(part)
-            node, key, verbatim = node[int(part)], key, False
+            node, verbatim = node[int(part)], False
         elif isinstance(node, dict):
             names = {k if verbatim else kebab(k): k for k in node}
             if part not in names:

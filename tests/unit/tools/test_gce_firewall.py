@@ -103,7 +103,7 @@ class Chains:
             if number != NUMBERS.get(packet["proto"], packet["proto"]):
                 return False
         if "--dport" in options:
-            low, _, high = options["--dport"].partition(":")
+            low, _sep, high = options["--dport"].partition(":")
             if not int(low) <= packet["dport"] <= int(high or low):
                 return False
         if "--ctstate" in options:
@@ -272,9 +272,9 @@ def test_egress_deny_by_destination_and_tags():
     )
     out = {"direction": "out", "src": VM0, "dst": VM1}
     assert verdict([deny], target=vm(tags=["rank0"]), **out) == "drop"
-    assert verdict([deny], target=vm(tags=["rank0"]), **dict(out, dst=VM2)) == "pass"
+    assert verdict([deny], target=vm(tags=["rank0"]), **{**out, "dst": VM2}) == "pass"
     assert verdict([deny], target=vm(tags=[]), **out) == "pass"
-    assert verdict([deny], target=vm(tags=["rank0"]), **dict(out, state="ESTABLISHED")) == "pass"
+    assert verdict([deny], target=vm(tags=["rank0"]), **{**out, "state": "ESTABLISHED"}) == "pass"
     # An egress rule does not touch ingress, nor an ingress rule egress.
     assert verdict([deny, rule("in", tcp("29500"))], target=vm(tags=["rank0"])) == "pass"
     assert verdict([rule("in-deny", denied=tcp("29500"), priority=1)], **out) == "pass"

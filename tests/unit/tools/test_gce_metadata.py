@@ -50,7 +50,8 @@ def server(tmp_path):
     running.shutdown()
 
 
-def get(server, path, headers=GOOGLE, method="GET", timeout=10):
+def get(server, path, headers=None, method="GET", timeout=10):
+    headers = GOOGLE if headers is None else headers
     running = server[0]
     connection = http.client.HTTPConnection("127.0.0.1", running.server_port, timeout=timeout)
     connection.request(method, path, headers=headers)
