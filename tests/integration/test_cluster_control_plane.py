@@ -16,7 +16,7 @@ import pytest
 import requests
 import yaml
 from conftest import ROOT, VM
-from localcluster import cluster, gce_firewall, spec
+from localcluster import cluster, gce_firewall, images, spec
 
 pytestmark = pytest.mark.cluster  # brings up a local cluster
 
@@ -205,3 +205,68 @@ def test_inventory_stop_start_and_labels_through_the_api(cp, api, tmp_path):
     assert sorted(hostvars) == ["vm1"]  # the API's filter leaves vm0 out
     labels = json.loads((cluster.state_dir(definition) / "labels.json").read_text())
     assert labels == {"vm0": {"llamafactory": "idle"}}
+
+
+# Connects to ADDRESS:PORT from the VM, prints the first line answered or "error: ...".
+ASK = """
+import socket, sys
+try:
+    with socket.create_connection((sys.argv[1], int(sys.argv[2])), timeout=2) as sock:
+        sock.settimeout(2)
+        print(sock.recv(16).decode().strip())
+except OSError as exc:
+    print(f"error: {exc}")
+"""
+
+
+def answer(vm, address, port):
+    return vm.sh(f"python3 -c '{ASK}' {address} {port}").stdout.strip()
+
+
+def answered_within(vm, address, port, wanted, seconds=15):
+    started = time.monotonic()
+    while (found := answer(vm, address, port)) != wanted and not (
+        wanted == "error" and found.startswith("error")
+    ):
+        assert time.monotonic() - started < seconds, f"{address}:{port} answered {found!r}"
+        time.sleep(0.3)
+
+
+def test_a_rule_made_through_the_api_is_enforced_and_its_deletion_taken_back(cp, api):
+    """The API lists the project's own rules; a deny inserted through it drops vm1's connections
+    to vm0 at once, and deleting it lets them through again."""
+    _definition, state = cp
+    vm0, vm1 = (VM(node) for node in state["nodes"])
+    session, zone = api
+    project = state["gce"]["project"]
+    rules = zone.split("/zones/")[0] + "/global/firewalls"
+    listed = session.get(rules)
+    assert listed.status_code == 200, listed.text
+    assert {"default-allow-internal", "default-allow-ssh"} <= {
+        rule["name"] for rule in listed.json()["items"]
+    }
+    port, address = 31000, vm0.node["vpc_address"]
+    vm0.sh(
+        f"docker run -d --rm --net=host --name cp-listen {images.PROBE_IMAGE} "
+        f"nc -ll -p {port} -e echo pong"
+    )
+    try:
+        answered_within(vm1, address, port, "pong")  # default-allow-internal lets it in
+        rule = {
+            "name": "cp-deny-from-vm1",
+            "network": f"https://www.googleapis.com/compute/v1/projects/{project}/global/networks/default",
+            "priority": 900,
+            "sourceRanges": [f"{vm1.node['vpc_address']}/32"],
+            "denied": [{"IPProtocol": "tcp", "ports": [str(port)]}],
+        }
+        inserted = session.post(rules, json=rule)
+        assert inserted.status_code == 200, inserted.text
+        done(session, zone.split("/zones/")[0] + "/global", inserted.json())
+        answered_within(vm1, address, port, "error")
+        assert "cp-deny-from-vm1" in gce_firewall.show(vm0.node["container"])
+        deleted = session.delete(f"{rules}/cp-deny-from-vm1")
+        assert deleted.status_code == 200, deleted.text
+        done(session, zone.split("/zones/")[0] + "/global", deleted.json())
+        answered_within(vm1, address, port, "pong")
+    finally:
+        vm0.sh("docker rm -f cp-listen", check=False)
