@@ -407,35 +407,29 @@ def metadata_document(spec: ClusterSpec, vm: VM, vpc_mac: str) -> dict:
     )
 
 
+def _put(container, path: str, text: str) -> None:
+    """Write `text` to `path` in the VM, its folder made if needed."""
+    run(
+        [
+            "docker",
+            "exec",
+            "-i",
+            container.name,
+            "sh",
+            "-ec",
+            'install -d "${0%/*}" && cat > "$0"',
+            path,
+        ],
+        input_text=text,
+    )
+
+
 def _start_metadata_server(spec: ClusterSpec, vm: VM, container, vpc_mac: str) -> int:
     """Install the metadata server and its document into the VM, start it; the VM's id."""
     document = metadata_document(spec, vm, vpc_mac)
     gce_metadata.publish(container.name, document)
-    source = Path(gce_metadata.__file__).read_text()
-    run(
-        [
-            "docker",
-            "exec",
-            "-i",
-            container.name,
-            "sh",
-            "-ec",
-            f"install -d /usr/local/lib/hlf-gce && cat > {METADATA_SCRIPT}",
-        ],
-        input_text=source,
-    )
-    run(
-        [
-            "docker",
-            "exec",
-            "-i",
-            container.name,
-            "sh",
-            "-ec",
-            f"cat > /etc/systemd/system/{METADATA_UNIT}",
-        ],
-        input_text=METADATA_UNIT_TEXT,
-    )
+    _put(container, METADATA_SCRIPT, Path(gce_metadata.__file__).read_text())
+    _put(container, f"/etc/systemd/system/{METADATA_UNIT}", METADATA_UNIT_TEXT)
     _exec(container, f"systemctl daemon-reload; systemctl enable --now {METADATA_UNIT}")
     url = f"http://{gce_metadata.HOSTNAMES[0]}/computeMetadata/v1/instance/id"
     wait_until(
