@@ -25,10 +25,27 @@ NAME_RE = re.compile(r"^[a-z](?:[-a-z0-9]{0,61}[a-z0-9])?$")
 PROJECT_RE = re.compile(r"^(?:[a-z][-a-z0-9.]*[a-z0-9]:)?[a-z][-a-z0-9]{4,28}[a-z0-9]$")
 SUFFIXES = (("nodes", "-nodes"), ("ssh", "-ssh"))
 CLUSTER_MAX = 63 - len("-nodes")
+# The ranges a VPC subnet may use other than privately used public ones (Google, "Subnets",
+# https://cloud.google.com/vpc/docs/subnets#valid-ranges): RFC 1918, shared address space (RFC
+# 6598), IETF protocol assignments and documentation (RFC 6890, RFC 5737), 6to4 relay (RFC 7526),
+# benchmarking (RFC 2544) and class E (RFC 5735). None is routed on the internet.
 PRIVATE_NETWORKS = [
     ipaddress.ip_network(n)
-    for n in ("10.0.0.0/8", "172.16.0.0/12", "192.168.0.0/16", "100.64.0.0/10")
+    for n in (
+        "10.0.0.0/8",
+        "172.16.0.0/12",
+        "192.168.0.0/16",
+        "100.64.0.0/10",
+        "192.0.0.0/24",
+        "192.0.2.0/24",
+        "198.51.100.0/24",
+        "203.0.113.0/24",
+        "192.88.99.0/24",
+        "198.18.0.0/15",
+        "240.0.0.0/4",
+    )
 ]
+VALID_RANGES_DOC = "https://cloud.google.com/vpc/docs/subnets#valid-ranges"
 # Fields that widen or retarget a rule; the role sets some, the others must stay empty.
 SCOPE_FIELDS = (
     "sourceRanges",
@@ -230,9 +247,10 @@ def plan(settings):
                 ) from None
             if not _private(network):
                 raise FirewallError(
-                    "the internal address of %s is %s, not a private address: a rule from it "
-                    "would publish %s beyond the VPC. Check primary_nic on %s (it must be the VPC "
-                    "NIC, not an external address)" % (host, address, publish, host)
+                    "the internal address of %s is %s, not a private address (one of the ranges a "
+                    "VPC subnet may use, %s): a rule from it would publish %s beyond the VPC. "
+                    "Check primary_nic on %s (it must be the VPC NIC, not an external address)"
+                    % (host, address, VALID_RANGES_DOC, publish, host)
                 )
             ranges.append(network)
         sources = {"ranges": [str(n) for n in sorted(set(ranges))]}
@@ -244,8 +262,8 @@ def plan(settings):
                 raise FirewallError(
                     "gcp_firewall_ranges contains %s, which is not a private IPv4 range: the "
                     "rule would publish %s beyond the cluster. Give the cluster's internal subnet "
-                    "ranges (within 10.0.0.0/8, 172.16.0.0/12, 192.168.0.0/16 or 100.64.0.0/10)"
-                    % (value, publish)
+                    "ranges (within 10.0.0.0/8, 172.16.0.0/12, 192.168.0.0/16, 100.64.0.0/10 or "
+                    "the other ranges of %s)" % (value, publish, VALID_RANGES_DOC)
                 )
             ranges.append(network)
         if not ranges:
@@ -315,6 +333,21 @@ def _show(values):
 
 def _show_allowed(items):
     return _show("%s:%s" % (protocol, ",".join(ports) or "all") for protocol, ports in items)
+
+
+def _what_it_allows(want):
+    """A rule in one line: 'allow tcp:all, udp:all, icmp:all from 10.0.0.2/32 on network default'."""
+    sources = list(want.get("sourceRanges") or []) + [
+        "tag %s" % t for t in want.get("sourceTags") or []
+    ]
+    text = "allow %s from %s on network %s" % (
+        _show_allowed(_allowed_set(want.get("allowed"))),
+        ", ".join(sources) or "nowhere",
+        str(want.get("network", "")).rsplit("/", 1)[-1],
+    )
+    if want.get("targetTags"):
+        text += " to tags %s" % ", ".join(want["targetTags"])
+    return text
 
 
 def _ranges_set(values):
@@ -442,7 +475,7 @@ def drift(planned, resources):
             if current is not None:
                 entry.update(action="delete", changes=["delete the rule"])
         elif current is None:
-            entry.update(action="create", changes=["create the rule"])
+            entry.update(action="create", changes=[_what_it_allows(rule["want"])])
         else:
             entry["action"], entry["changes"] = compare(rule["want"], current)
         rules.append(entry)
@@ -450,7 +483,7 @@ def drift(planned, resources):
     summary = []
     for entry in rules:
         line = "%s: %s" % (entry["name"], LABELS[entry["action"]])
-        if entry["changes"] and entry["action"] not in ("create", "delete"):
+        if entry["changes"] and entry["action"] != "delete":
             line += " (%s)" % "; ".join(entry["changes"])
         summary.append(line)
     return {"rules": rules, "changed": changed, "foreign": foreign, "summary": summary}

@@ -3,6 +3,10 @@
 load-image: the training image (built once: LLaMA-Factory on a CPU torch) in every VM of a
 running cluster, and the demo's tiny model and dataset in .cache/assets.
 
+env: what a GCP client on the controller needs to reach the cluster's Compute Engine API (its
+proxy and CA), as export lines: eval "$(python -m localcluster env)" before ansible-playbook -i
+inventories/local/NAME.gcp (the GCP path's inventory: `up` writes it beside the static one).
+
 registry: a private registry (TLS, user and password) on a running cluster's VPC, trusted by its
 VMs, holding the training image (pushed once); prints the image name and a 0600 vars file that
 points a job at it with the credentials (ansible-playbook -e @FILE), and makes the demo's assets.
@@ -14,6 +18,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import shlex
 import sys
 from pathlib import Path
 
@@ -25,7 +30,7 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="localcluster", description=__doc__)
     parser.add_argument(
         "command",
-        choices=["up", "down", "status", "build", "images", "rmi", "load-image", "registry"],
+        choices=["up", "down", "status", "env", "build", "images", "rmi", "load-image", "registry"],
     )
     parser.add_argument("--kind", choices=sorted(images.KINDS), default="vm", help="for build")
     parser.add_argument(
@@ -56,7 +61,11 @@ def main(argv: list[str] | None = None) -> int:
         )
         if args.command == "up":
             state = cluster.up(definition)
-            print(f"inventory: {state['inventory']}")
+            print(f"inventory: {state['inventory']} (llamafactory_platform local)")
+            print(f"GCP-path inventory: {state['gcp_inventory']} (with `env`'s variables)")
+        elif args.command == "env":
+            for key, value in cluster.api_environment(definition).items():
+                print(f"export {key}={shlex.quote(value)}")
         elif args.command == "down":
             cluster.down(definition)
         elif args.command == "status":

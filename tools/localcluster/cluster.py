@@ -144,6 +144,7 @@ def up(spec: ClusterSpec) -> dict:
             "ssh_key": str(key),
             "known_hosts": str(directory / "known_hosts"),
             "inventory": str(spec.inventory),
+            "gcp_inventory": str(spec.gcp_inventory),
             "definition": to_raw(spec),
             "network": gce_firewall.DEFAULT_NETWORK,
             "firewall": list(spec.firewall),  # the rules enforced at boot
@@ -513,7 +514,66 @@ def write_inventory(spec: ClusterSpec, state: dict) -> Path:
     spec.inventory.write_text(
         "\n".join(header) + "\n---\n" + yaml.safe_dump(inventory, sort_keys=False)
     )
+    if "gce" in state:
+        write_gcp_inventory(spec, state, inventory["all"]["children"]["llamafactory"]["vars"])
     return spec.inventory
+
+
+SHIPPED_GCP_INVENTORY = repo_root() / "inventories" / "gcp_compute.yml"
+
+
+def gcp_compute_config(gce: dict) -> dict:
+    """The shipped inventories/gcp_compute.yml with what only the box supplies: its project and
+    zone, and the service-account key its token endpoint accepts."""
+    config = yaml.safe_load(SHIPPED_GCP_INVENTORY.read_text())
+    config.update(
+        projects=[gce["project"]],
+        zones=[gce["zone"]],
+        auth_kind="serviceaccount",
+        service_account_file=gce["service_account_file"],
+    )
+    return config
+
+
+def api_environment(spec: ClusterSpec) -> dict[str, str]:
+    """The environment a GCP client on the controller needs to reach the running cluster's
+    Compute Engine API: its proxy (HTTPS_PROXY) and CA (REQUESTS_CA_BUNDLE)."""
+    path = state_dir(spec) / "state.json"
+    gce = json.loads(path.read_text()).get("gce") if path.exists() else None
+    if not gce:
+        raise ClusterError(f"cluster {spec.name} is not up: run `./dev cluster up` first")
+    return dict(gce["env"])
+
+
+def write_gcp_inventory(spec: ClusterSpec, state: dict, login: dict) -> Path:
+    """The GCP path's inventory, a folder (ansible-playbook -i FOLDER): gcp_compute.yml (the
+    dynamic inventory, see gcp_compute_config), box.yml (the SSH login and the firewall role's
+    credentials, for the group) and group_vars (the job's settings, shared with the static
+    inventory). Ansible reaches the box's API with state["gce"]["env"] (`localcluster env`)."""
+    folder = spec.gcp_inventory
+    folder.mkdir(parents=True, exist_ok=True)
+    gce = state["gce"]
+    header = (
+        f"# Written by `localcluster up` for the local cluster {spec.name!r}: the shipped\n"
+        "# inventories/gcp_compute.yml, only its project, zones and credentials the box's.\n"
+        "# Needs the box's proxy and CA in the environment: eval \"$(./dev cluster env)\".\n"
+    )
+    (folder / "gcp_compute.yml").write_text(
+        header + yaml.safe_dump(gcp_compute_config(gce), sort_keys=False)
+    )
+    box = {key: value for key, value in login.items() if key != "llamafactory_platform"}
+    box.update(
+        llamafactory_gcp_auth_kind="serviceaccount",
+        llamafactory_gcp_service_account_file=gce["service_account_file"],
+    )
+    (folder / "box.yml").write_text(
+        f"# The local cluster {spec.name!r}'s SSH login and GCP credentials.\n---\n"
+        + yaml.safe_dump({"llamafactory": {"vars": box}}, sort_keys=False)
+    )
+    link = folder / "group_vars"
+    if not link.is_symlink():
+        link.symlink_to(Path("..") / "group_vars")
+    return folder
 
 
 # ---------------------------------------------------------------- down / status
@@ -544,6 +604,7 @@ def down(spec: ClusterSpec, quiet: bool = False) -> None:
     shutil.rmtree(state_dir(spec), ignore_errors=True)
     if spec.inventory.exists():
         spec.inventory.unlink()
+    shutil.rmtree(spec.gcp_inventory, ignore_errors=True)
     left = leftovers(docker_client, spec.name)
     if left:
         raise ClusterError(f"cluster {spec.name}: could not remove {', '.join(left)}")

@@ -17,6 +17,26 @@ from .util import ClusterError
 # Every simulated network lives in the range set aside for network tests (RFC 2544).
 ALLOWED_RANGE = ipaddress.ip_network("198.18.0.0/15")
 DEFAULT_DEFINITION = Path(__file__).resolve().parent / "cluster.yml"
+# A fresh project's rule between the VMs of its default network (GCP: 10.128.0.0/9; here the
+# VPC's subnet, moved with it under `shift`). The default definition leaves it out.
+DEFAULT_ALLOW_INTERNAL = {
+    "kind": "compute#firewall",
+    "name": "default-allow-internal",
+    "description": "Allow internal traffic on the default network",
+    "network": "https://www.googleapis.com/compute/v1/projects/hostnet-box/global/networks/default",
+    "direction": "INGRESS",
+    "priority": 65534,
+    "sourceRanges": ["198.18.0.0/24"],
+    "allowed": [
+        {"IPProtocol": "tcp", "ports": ["0-65535"]},
+        {"IPProtocol": "udp", "ports": ["0-65535"]},
+        {"IPProtocol": "icmp"},
+    ],
+    "disabled": False,
+    "logConfig": {"enable": False},
+    "selfLink": "https://www.googleapis.com/compute/v1/projects/hostnet-box/global/firewalls/"
+    "default-allow-internal",
+}
 NAME_RE = re.compile(r"^[a-z][a-z0-9-]{0,20}$")
 NIC_RE = re.compile(r"^[a-z][a-z0-9]{1,14}$")
 HOST_OFFSET = 10  # VM i gets address .(10 + i) on every network
@@ -85,6 +105,12 @@ class ClusterSpec:
 
     def volume(self, vm: VM) -> str:
         return f"{self.prefix()}-{vm.name}-docker"
+
+    @property
+    def gcp_inventory(self) -> Path:
+        """The inventory of the GCP path: a folder beside `inventory` holding the shipped
+        inventories/gcp_compute.yml pointed at the box, and the box's SSH login."""
+        return self.inventory.with_name(f"{self.inventory.stem}.gcp")
 
 
 def _fail(message: str) -> None:

@@ -64,6 +64,13 @@ def test_default_plan_allows_everything_between_the_nodes_only():
     assert rule(planned, "ssh") == {"name": "llamafactory-ssh", "role": "ssh", "state": "absent"}
 
 
+@pytest.mark.parametrize("address", ["198.18.0.10", "100.64.3.4", "240.0.0.9", "192.168.1.2"])
+def test_nodes_in_any_range_a_vpc_subnet_may_use_are_accepted(address):
+    """GCP subnets may use the benchmarking, shared and class E ranges, not only RFC 1918."""
+    planned = fw.plan(settings(nodes={"trainer-0": address}))
+    assert rule(planned, "nodes")["params"]["source_ranges"] == [f"{address}/32"]
+
+
 def test_ssh_rule_from_admin_ranges():
     planned = fw.plan(settings(ssh_source_ranges=["203.0.113.7/24"], target_tags=["gpu"]))
     ssh = rule(planned, "ssh")
@@ -105,7 +112,7 @@ def test_absent_plans_both_names():
         ({"ssh_source_ranges": ["nonsense"]}, "is not an address range"),
         ({"source": "ranges", "ranges": ["0.0.0.0/0"]}, "MASTER_PORT 29500 included"),
         (
-            {"source": "ranges", "ranges": ["10.0.0.0/8", "203.0.113.0/24"]},
+            {"source": "ranges", "ranges": ["10.0.0.0/8", "34.64.0.0/10"]},
             "not a private IPv4 range",
         ),
         ({"source": "ranges", "ranges": []}, "gcp_firewall_ranges is empty"),
@@ -237,6 +244,10 @@ def test_drift_actions_and_ownership():
     ]
 
     assert fw.drift(planned, [])["rules"][0]["action"] == "create"
+    assert fw.drift(planned, [])["summary"][0] == (
+        "llamafactory-nodes: create (allow icmp:all, tcp:0-65535, udp:0-65535 from 10.128.0.5/32, "
+        "10.128.0.6/32 on network default)"
+    )
     assert not fw.drift(planned, [created(NODES["want"]), created(ssh["want"])])["changed"]
 
     hand_made = created(NODES["want"], description="someone's rule")
