@@ -60,9 +60,11 @@ class ActionModule(ActionBase):
         group_hosts = list((task_vars.get("groups") or {}).get(_validation.GROUP) or [])
         defaults, fixed = _validation.role_value_names(ROLES_DIR)
 
-        problems, per_host = [], {}
+        problems, per_host, instances = [], {}, {}
         for host in group_hosts + [h for h in play_hosts if h not in group_hosts]:
             raw = self._raw_hostvars(hostvars, host)
+            if "gcp_status" in raw:  # google.cloud.gcp_compute's host variables (vars_prefix gcp_)
+                instances[host] = {"status": raw.get("gcp_status"), "zone": raw.get("gcp_zone")}
             names = set(raw) - set_by_tasks(hostvars, host)
             per_host[host] = {}
             for name in sorted(names):
@@ -98,6 +100,7 @@ class ActionModule(ActionBase):
             read_config=self._read_config,
             play_names=play_names,
             ignore=fixed,
+            instances=instances,
         )
         problems.extend(found)
         if problems:

@@ -831,6 +831,7 @@ def validate(
     read_config=read_yaml,
     play_names=(),
     ignore=(),
+    instances=None,
 ):
     """(plan, problems) of one job, computed once on the controller.
 
@@ -841,6 +842,8 @@ def validate(
     variable the roles' argument specs name. read_config: path -> parsed YAML. play_names:
     variables set at play level (play vars, vars files; not role defaults) for the name checks.
     ignore: names never reported as unknown (values the roles keep in vars/main.yml).
+    instances: host -> {status, zone} of the VMs the gcp_compute inventory lists (its gcp_status
+    and gcp_zone): a node that is not RUNNING is refused by name.
     plan is None when there are problems.
     """
     problems = []
@@ -961,6 +964,18 @@ def validate(
                 "would go over the internet and need its port open to it). Remove it to let "
                 "discover_network use rank 0's internal address, or set it to that address "
                 "(llamafactory_allow_public_master_addr=true accepts a public one)." % addr
+            )
+
+    for host in nodes if purpose in ("train", "doctor") else ():
+        instance = (instances or {}).get(host) or {}
+        status = instance.get("status")
+        if status is not None and status != "RUNNING":
+            zone = str(instance.get("zone") or "ZONE").rsplit("/", 1)[-1]
+            note(
+                "%s is %s in Compute Engine (gcp_status, from the dynamic inventory), not "
+                "RUNNING: it cannot take part in the job. Start it (gcloud compute instances "
+                "start %s --zone %s), or take it out of the job (remove its llamafactory=training "
+                "label), then run again." % (host, status, host, zone)
             )
 
     if values["llamafactory_registry_password"] and not values["llamafactory_registry_username"]:

@@ -108,6 +108,7 @@ def run_playbook(
     **options,
 ):
     """(the run, host -> the facts set along the way, host -> results)."""
+    options["envvars"] = {**BOX_ENV, **(options.get("envvars") or {})}
     result = ansible_run.run(
         tmp_path, inventory, playbook=playbook, extravars=extravars, check=check, **options
     )
@@ -117,11 +118,17 @@ def run_playbook(
 # The training image in the cluster's private registry, with its credentials: every play of
 # these tests pulls it through the role (the first launch pulls 2 GB on each VM).
 PULL_VARS: dict = {}
+# How the controller reaches the box's Compute Engine API (its proxy and CA), for every run on
+# the GCP path's inventory (the dynamic inventory and the firewall role read it).
+BOX_ENV: dict = {}
 
 
 @pytest.fixture(scope="session")
 def train_cluster(test_cluster):
-    """The session's cluster, its registry holding the training image, the demo's assets."""
+    """The session's cluster on the GCP path (its inventory the shipped dynamic one pointed at
+    the box, llamafactory_platform gcp, the box's project without a rule between the VMs until
+    train.yml's firewall role makes one), its registry holding the training image, the demo's
+    assets: (the GCP path's inventory, the VMs)."""
     definition, state = test_cluster
     client = cluster.client()
     train_image.ensure_assets(client, cluster.cache_dir())
@@ -132,7 +139,8 @@ def train_cluster(test_cluster):
         llamafactory_registry_username=found.username,
         llamafactory_registry_password=found.password,
     )
-    return state["inventory"], [VM(node) for node in state["nodes"]]
+    BOX_ENV.update(state["gce"]["env"])
+    return state["gcp_inventory"], [VM(node) for node in state["nodes"]]
 
 
 # ------------------------------------------------------------------ playing a job

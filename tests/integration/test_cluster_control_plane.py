@@ -9,24 +9,24 @@ import subprocess
 import sys
 import time
 
+import box_api
 import docker
-import google.auth.transport.requests
-import google.oauth2.service_account
 import pytest
-import requests
-import yaml
-from conftest import ROOT, VM
+from conftest import ROOT, VM, run_playbook
 from localcluster import cluster, gce_firewall, images, spec
 
 pytestmark = pytest.mark.cluster  # brings up a local cluster
 
+LINK = "https://www.googleapis.com/compute/v1/"
 ANSIBLE_INVENTORY = os.path.join(os.path.dirname(sys.executable), "ansible-inventory")
-SCOPES = ["https://www.googleapis.com/auth/compute"]
 
 
 @pytest.fixture(scope="module")
 def cp():
-    definition = spec.load(name="cp", shift=6)
+    # A fresh project's rules: default-allow-internal lets the VMs reach each other.
+    definition = spec.load(
+        name="cp", shift=6, firewall=[*spec.load().firewall, spec.DEFAULT_ALLOW_INTERNAL]
+    )
     state = cluster.up(definition)
     yield definition, state
     cluster.down(definition)
@@ -34,69 +34,23 @@ def cp():
 
 
 @pytest.fixture(scope="module")
-def api(cp):
-    """A session authorized as the fake's service account (tokens from its /token), and the
-    zone's URL."""
+def box(cp):
+    client = box_api.Box(cp[1]["gce"])
+    yield client
+    client.close()
+
+
+def inventory(cp):
+    """ansible-inventory --list on the cluster's GCP-path inventory (the shipped dynamic
+    inventory pointed at the box, and its SSH login); (groups, hostvars)."""
     gce = cp[1]["gce"]
-    credentials = google.oauth2.service_account.Credentials.from_service_account_file(
-        gce["service_account_file"], scopes=SCOPES
-    )
-    plain = requests.Session()
-    plain.trust_env = False
-    plain.proxies = {"https": gce["proxy"]}
-    plain.verify = gce["ca"]
-    session = google.auth.transport.requests.AuthorizedSession(
-        credentials, auth_request=google.auth.transport.requests.Request(plain)
-    )
-    session.trust_env = False
-    session.proxies = {"https": gce["proxy"]}
-    session.verify = gce["ca"]
-    zone = (
-        f"https://compute.googleapis.com/compute/v1/projects/{gce['project']}/zones/{gce['zone']}"
-    )
-    yield session, zone
-    session.close()
-
-
-def done(session, zone, operation, deadline_s=90):
-    started = time.monotonic()
-    while operation["status"] != "DONE":
-        assert time.monotonic() - started < deadline_s, operation
-        time.sleep(0.5)
-        answer = session.get(f"{zone}/operations/{operation['name']}")
-        assert answer.status_code == 200, answer.text
-        operation = answer.json()
-    assert "error" not in operation, operation["error"]
-    return operation
-
-
-def act(api, name, verb, body=None):
-    session, zone = api
-    answer = session.post(f"{zone}/instances/{name}/{verb}", json=body)
-    assert answer.status_code == 200, answer.text
-    return done(session, zone, answer.json())
-
-
-def inventory(cp, tmp_path):
-    """ansible-inventory --list on the example inventory, pointed at the box's project with the
-    service-account file; (groups, hostvars)."""
-    gce = cp[1]["gce"]
-    config = yaml.safe_load((ROOT / "inventories" / "gcp_compute.yml").read_text())
-    config.update(
-        projects=[gce["project"]],
-        zones=[gce["zone"]],
-        auth_kind="serviceaccount",
-        service_account_file=gce["service_account_file"],
-    )
-    path = tmp_path / "box.gcp_compute.yml"
-    path.write_text(yaml.safe_dump(config))
     environment = {
         k: v for k, v in os.environ.items() if not k.startswith(("GCP_", "LLAMAFACTORY_"))
     }
     environment.update(gce["env"], ANSIBLE_CONFIG=str(ROOT / "ansible.cfg"))
     environment["ANSIBLE_INVENTORY_UNPARSED_FAILED"] = "1"
     result = subprocess.run(
-        [ANSIBLE_INVENTORY, "-i", str(path), "--list"],
+        [ANSIBLE_INVENTORY, "-i", cp[1]["gcp_inventory"], "--list"],
         cwd=ROOT,
         env=environment,
         capture_output=True,
@@ -139,10 +93,10 @@ def ssh(state, node):
     )
 
 
-def test_inventory_stop_start_and_labels_through_the_api(cp, api, tmp_path):
+def test_inventory_stop_start_and_labels_through_the_api(cp, box, tmp_path):
     definition, state = cp
     vm0, vm1 = state["nodes"]
-    groups, hostvars = inventory(cp, tmp_path)
+    groups, hostvars = inventory(cp)
     assert sorted(groups["llamafactory"]["hosts"]) == ["vm0", "vm1"]
     for node in (vm0, vm1):
         host = hostvars[node["name"]]
@@ -155,19 +109,32 @@ def test_inventory_stop_start_and_labels_through_the_api(cp, api, tmp_path):
             "hostnet-box",
             "default",
         )
+        assert host["ansible_user"] == state["user"]  # box.yml, beside the dynamic inventory
 
     # stop: the container stops, its disk stays; the inventory shows TERMINATED, no natIP.
-    act(api, "vm1", "stop")
+    box.act("vm1", "stop")
     client = docker.from_env()
     assert client.containers.get(vm1["container"]).status == "exited"
     client.volumes.get(definition.volume(definition.vms[1]))
-    _groups, hostvars = inventory(cp, tmp_path)
+    _groups, hostvars = inventory(cp)
     assert hostvars["vm1"]["gcp_status"] == "TERMINATED"
     assert "natIP" not in hostvars["vm1"]["gcp_networkInterfaces"][0]["accessConfigs"][0]
     assert hostvars["vm1"]["ansible_host"] == vm1["vpc_address"]
+    # train.yml on the GCP path names the stopped VM before any node is contacted.
+    result, _facts, _results = run_playbook(
+        state["gcp_inventory"],
+        tmp_path / "stopped",
+        "playbooks/train.yml",
+        {"llamafactory_job": "cp-stopped"},
+        envvars=state["gce"]["env"],
+    )
+    assert result.rc != 0 and not result.unreachable()
+    message = " ".join(result.failures()["vm0"]["msg"].split())
+    assert "vm1 is TERMINATED in Compute Engine" in message
+    assert "gcloud compute instances start vm1 --zone us-central1-a" in message
 
     # start: SSH with the controller's key and the recorded host key; the NIC is back.
-    act(api, "vm1", "start")
+    box.act("vm1", "start")
     answer = ssh(state, vm1)
     assert answer.returncode == 0, answer.stderr
     assert answer.stdout.strip() == "vm1"
@@ -182,25 +149,21 @@ def test_inventory_stop_start_and_labels_through_the_api(cp, api, tmp_path):
     assert f"-i {vm1['nic']} -j HLF-GCE-INGRESS" in chains
     assert VM(vm1).default_route()["dev"] == vm1["nic"]
     assert "vm0" in VM(vm1).sh("getent hosts vm0").stdout
-    _groups, hostvars = inventory(cp, tmp_path)
+    _groups, hostvars = inventory(cp)
     assert hostvars["vm1"]["gcp_status"] == "RUNNING"
     assert hostvars["vm1"]["ansible_host"] == vm1["external_address"]
 
     # setLabels: a stale fingerprint is refused; the current one takes vm0 out of the group.
-    session, zone = api
-    fingerprint = session.get(f"{zone}/instances/vm0").json()["labelFingerprint"]
-    stale = session.post(
-        f"{zone}/instances/vm0/setLabels",
+    fingerprint = box.instance("vm0")["labelFingerprint"]
+    stale = box.session.post(
+        f"{box.zone_url}/instances/vm0/setLabels",
         json={"labels": {"llamafactory": "idle"}, "labelFingerprint": "c3RhbGU="},
     )
     assert stale.status_code == 412, stale.text
-    act(
-        api,
-        "vm0",
-        "setLabels",
-        {"labels": {"llamafactory": "idle"}, "labelFingerprint": fingerprint},
+    box.act(
+        "vm0", "setLabels", {"labels": {"llamafactory": "idle"}, "labelFingerprint": fingerprint}
     )
-    groups, hostvars = inventory(cp, tmp_path)
+    groups, hostvars = inventory(cp)
     assert groups["llamafactory"]["hosts"] == ["vm1"]
     assert sorted(hostvars) == ["vm1"]  # the API's filter leaves vm0 out
     labels = json.loads((cluster.state_dir(definition) / "labels.json").read_text())
@@ -232,18 +195,15 @@ def answered_within(vm, address, port, wanted, seconds=15):
         time.sleep(0.3)
 
 
-def test_a_rule_made_through_the_api_is_enforced_and_its_deletion_taken_back(cp, api):
+def test_a_rule_made_through_the_api_is_enforced_and_its_deletion_taken_back(cp, box):
     """The API lists the project's own rules; a deny inserted through it drops vm1's connections
     to vm0 at once, and deleting it lets them through again."""
     _definition, state = cp
     vm0, vm1 = (VM(node) for node in state["nodes"])
-    session, zone = api
     project = state["gce"]["project"]
-    rules = zone.split("/zones/")[0] + "/global/firewalls"
-    listed = session.get(rules)
-    assert listed.status_code == 200, listed.text
+    listed = box.call("GET", box.rules_url)
     assert {"default-allow-internal", "default-allow-ssh"} <= {
-        rule["name"] for rule in listed.json()["items"]
+        rule["name"] for rule in listed["items"]
     }
     port, address = 31000, vm0.node["vpc_address"]
     vm0.sh(
@@ -252,21 +212,18 @@ def test_a_rule_made_through_the_api_is_enforced_and_its_deletion_taken_back(cp,
     )
     try:
         answered_within(vm1, address, port, "pong")  # default-allow-internal lets it in
-        rule = {
-            "name": "cp-deny-from-vm1",
-            "network": f"https://www.googleapis.com/compute/v1/projects/{project}/global/networks/default",
-            "priority": 900,
-            "sourceRanges": [f"{vm1.node['vpc_address']}/32"],
-            "denied": [{"IPProtocol": "tcp", "ports": [str(port)]}],
-        }
-        inserted = session.post(rules, json=rule)
-        assert inserted.status_code == 200, inserted.text
-        done(session, zone.split("/zones/")[0] + "/global", inserted.json())
+        box.insert_rule(
+            {
+                "name": "cp-deny-from-vm1",
+                "network": f"{LINK}projects/{project}/global/networks/default",
+                "priority": 900,
+                "sourceRanges": [f"{vm1.node['vpc_address']}/32"],
+                "denied": [{"IPProtocol": "tcp", "ports": [str(port)]}],
+            }
+        )
         answered_within(vm1, address, port, "error")
         assert "cp-deny-from-vm1" in gce_firewall.show(vm0.node["container"])
-        deleted = session.delete(f"{rules}/cp-deny-from-vm1")
-        assert deleted.status_code == 200, deleted.text
-        done(session, zone.split("/zones/")[0] + "/global", deleted.json())
+        box.delete_rule("cp-deny-from-vm1")
         answered_within(vm1, address, port, "pong")
     finally:
         vm0.sh("docker rm -f cp-listen", check=False)

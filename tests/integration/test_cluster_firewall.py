@@ -51,8 +51,7 @@ print(json.dumps(found))
 @pytest.fixture(scope="module")
 def fw_cluster():
     """Up with the locked-down rules; vm0 serves 'pong' on HOST_PORT and BRIDGE_PORT."""
-    raw = spec.load().firewall  # the definition's rules, unshifted
-    boot = [r for r in raw if r["name"] != "default-allow-internal"]
+    boot = spec.load().firewall  # the definition's rules (no default-allow-internal), unshifted
     definition = spec.load(
         name="fw",
         shift=5,

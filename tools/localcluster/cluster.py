@@ -556,7 +556,7 @@ def write_gcp_inventory(spec: ClusterSpec, state: dict, login: dict) -> Path:
     header = (
         f"# Written by `localcluster up` for the local cluster {spec.name!r}: the shipped\n"
         "# inventories/gcp_compute.yml, only its project, zones and credentials the box's.\n"
-        "# Needs the box's proxy and CA in the environment: eval \"$(./dev cluster env)\".\n"
+        '# Needs the box\'s proxy and CA in the environment: eval "$(./dev cluster env)".\n'
     )
     (folder / "gcp_compute.yml").write_text(
         header + yaml.safe_dump(gcp_compute_config(gce), sort_keys=False)

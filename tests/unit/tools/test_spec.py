@@ -138,22 +138,51 @@ def test_inventory_uses_external_addresses_and_ranks(tmp_path):
     assert group["vars"]["llamafactory_platform"] == "local"
     assert "StrictHostKeyChecking=yes" in group["vars"]["ansible_ssh_common_args"]
     assert "UserKnownHostsFile=/k/known_hosts" in group["vars"]["ansible_ssh_common_args"]
+    assert not definition.gcp_inventory.exists()  # no control plane in this state
+
+
+def test_the_gcp_path_inventory_is_the_shipped_one_but_for_project_zone_and_credentials(
+    tmp_path,
+):
+    definition = parse(name="inv", inventory=str(tmp_path / "inv.yml"))
+    gce = {
+        "project": "hostnet-box",
+        "zone": "us-central1-a",
+        "service_account_file": "/s/gce/service-account.json",
+        "env": {"HTTPS_PROXY": "http://127.0.0.1:1"},
+    }
+    state = {"user": "gce", "ssh_key": "/k/id", "known_hosts": "/k/known_hosts", "nodes": []}
+    cluster.write_inventory(definition, {**state, "gce": gce})
+    folder = definition.gcp_inventory
+    assert folder == tmp_path / "inv.gcp"
+    shipped = yaml.safe_load((spec.repo_root() / "inventories" / "gcp_compute.yml").read_text())
+    written = yaml.safe_load((folder / "gcp_compute.yml").read_text())
+    differs = {k for k in shipped.keys() | written.keys() if shipped.get(k) != written.get(k)}
+    # (the shipped zone is us-central1-a too)
+    assert differs <= {"projects", "zones", "auth_kind", "service_account_file"}
+    assert {"projects", "auth_kind", "service_account_file"} <= differs
+    assert (written["projects"], written["zones"]) == (["hostnet-box"], ["us-central1-a"])
+    assert (written["auth_kind"], written["service_account_file"]) == (
+        "serviceaccount",
+        "/s/gce/service-account.json",
+    )
+    box = yaml.safe_load((folder / "box.yml").read_text())["llamafactory"]["vars"]
+    assert box["ansible_user"] == "gce" and box["ansible_ssh_private_key_file"] == "/k/id"
+    assert box["llamafactory_gcp_service_account_file"] == "/s/gce/service-account.json"
+    assert "llamafactory_platform" not in box  # the dynamic inventory composes 'gcp'
+    assert (folder / "group_vars").resolve() == (tmp_path / "group_vars").resolve()
 
 
 # ------------------------------------------------------------------ firewall rules, tags
 
 
-def test_the_default_rules_are_a_fresh_projects_default_network():
+def test_the_default_rules_are_a_fresh_projects_less_default_allow_internal():
     definition = parse()  # no firewall key: the default definition's rules
     assert definition.firewall == spec.load().firewall
     rules = {rule["name"]: rule for rule in definition.firewall}
-    assert sorted(rules) == [
-        "default-allow-icmp",
-        "default-allow-internal",
-        "default-allow-rdp",
-        "default-allow-ssh",
-    ]
-    for rule in rules.values():
+    # Nothing lets the VMs reach each other: train.yml's gcp_firewall rule must.
+    assert sorted(rules) == ["default-allow-icmp", "default-allow-rdp", "default-allow-ssh"]
+    for rule in [*rules.values(), spec.DEFAULT_ALLOW_INTERNAL]:
         assert (rule["kind"], rule["direction"], rule["priority"]) == (
             "compute#firewall",
             "INGRESS",
@@ -164,9 +193,13 @@ def test_the_default_rules_are_a_fresh_projects_default_network():
     assert rules["default-allow-ssh"]["allowed"] == [{"IPProtocol": "tcp", "ports": ["22"]}]
     assert rules["default-allow-rdp"]["allowed"] == [{"IPProtocol": "tcp", "ports": ["3389"]}]
     assert rules["default-allow-icmp"]["allowed"] == [{"IPProtocol": "icmp"}]
+
+
+def test_the_fresh_projects_internal_rule_moves_with_the_vpc():
     # The VPC's own range (GCP's default network: 10.128.0.0/9).
-    assert rules["default-allow-internal"]["sourceRanges"] == ["198.18.0.0/24"]
-    assert {"IPProtocol": "tcp", "ports": ["0-65535"]} in rules["default-allow-internal"]["allowed"]
+    (internal,) = parse(shift=5, firewall=[spec.DEFAULT_ALLOW_INTERNAL]).firewall
+    assert internal["sourceRanges"] == ["198.18.160.0/24"]
+    assert {"IPProtocol": "tcp", "ports": ["0-65535"]} in internal["allowed"]
 
 
 def test_shift_moves_the_rules_ranges_inside_the_simulated_networks_only():
@@ -187,11 +220,10 @@ def test_shift_moves_the_rules_ranges_inside_the_simulated_networks_only():
     ]
     assert moved["destinationRanges"] == ["198.19.160.0/20"]
     assert rules[0]["sourceRanges"][0] == "198.18.0.0/24"  # the caller's list is left alone
-    assert parse(shift=5).firewall[0]["sourceRanges"] == ["198.18.160.0/24"]
 
 
 def test_a_definition_replaces_the_rules_and_tags_its_vms():
-    locked = [r for r in spec.load().firewall if r["name"] != "default-allow-internal"]
+    locked = list(spec.load().firewall)
     definition = parse(firewall=locked, vms=[{"name": "vm0", "tags": ["rank0", "gpu"]}, "vm1"])
     assert [r["name"] for r in definition.firewall] == [
         "default-allow-ssh",

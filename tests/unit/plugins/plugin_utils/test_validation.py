@@ -774,6 +774,22 @@ def test_hosts_and_forks():
     assert check({"launch_wait": False}, forks=1)[1] == []
 
 
+def test_a_stopped_vm_is_refused_by_name_before_any_node_is_contacted():
+    zone = "https://www.googleapis.com/compute/v1/projects/p/zones/us-central1-a"
+    running = {"status": "RUNNING", "zone": zone}
+    stopped = {"vm0": running, "vm1": {"status": "TERMINATED", "zone": zone}}
+    for purpose in ("train", "doctor"):
+        _plan, problems = check(purpose=purpose, instances=stopped)
+        assert problems == [
+            "vm1 is TERMINATED in Compute Engine (gcp_status, from the dynamic inventory), not "
+            "RUNNING: it cannot take part in the job. Start it (gcloud compute instances start "
+            "vm1 --zone us-central1-a), or take it out of the job (remove its "
+            "llamafactory=training label), then run again."
+        ]
+    assert check(instances={"vm0": running, "vm1": running})[1] == []
+    assert check(purpose="admin", instances=stopped, changes={"llamafactory_job": "x"})[1] == []
+
+
 def test_facts_and_role_values_are_not_reported():
     per_host = {h: {"llamafactory_job_plan": {}} for h in HOSTS}
     assert check(per_host=per_host)[1] == []
