@@ -6,6 +6,7 @@ import subprocess
 from pathlib import Path
 
 import ansible_run
+import box_api
 import pytest
 from localcluster import cluster, registry, spec, train_image
 
@@ -61,6 +62,21 @@ class VM:
 
     def default_route(self) -> dict:
         return json.loads(self.sh("ip -j route show default").stdout)[0]
+
+    def connect(self, address: str, port: int, seconds: float = 3) -> str:
+        """A TCP connection from this VM: 'open', 'refused' (the peer answered: nothing listens)
+        or 'timeout' (dropped on the way, as a VPC firewall drops it)."""
+        script = (
+            "import socket, sys\n"
+            "try:\n"
+            f"    socket.create_connection(({address!r}, {port}), timeout={seconds}).close()\n"
+            "    print('open')\n"
+            "except ConnectionRefusedError:\n"
+            "    print('refused')\n"
+            "except OSError:\n"
+            "    print('timeout')\n"
+        )
+        return self.sh(f'python3 -c "{script}"').stdout.strip()
 
 
 @pytest.fixture(scope="session")
@@ -141,6 +157,41 @@ def train_cluster(test_cluster):
     )
     BOX_ENV.update(state["gce"]["env"])
     return state["gcp_inventory"], [VM(node) for node in state["nodes"]]
+
+
+@pytest.fixture(scope="session")
+def box(train_cluster, test_cluster):
+    """The session cluster's Compute Engine API, as a GCP client reaches it."""
+    client = box_api.Box(test_cluster[1]["gce"])
+    yield client
+    client.close()
+
+
+NODES_RULE = "llamafactory-nodes"  # the gcp_firewall role's rule between the nodes
+
+
+@pytest.fixture(scope="session")
+def nodes_rule(train_cluster, box, tmp_path_factory):
+    """The rule between the nodes as the gcp_firewall role makes it (run alone when no train.yml
+    of the session made it yet); tests that delete it put it back (put_back)."""
+    rule = box.rule(NODES_RULE)
+    if rule is None:
+        result, _facts, _results = run_playbook(
+            train_cluster[0],
+            tmp_path_factory.mktemp("nodes-rule"),
+            "tests/integration/playbooks/firewall.yml",
+            {**PULL_VARS, "llamafactory_job": "nodes-rule"},
+        )
+        assert result.rc == 0, result.failures()
+        rule = box.rule(NODES_RULE)
+    return rule
+
+
+def put_back(box, rule):
+    """The role's rule as it was (a test deleted or changed it behind the role's back)."""
+    if box.rule(rule["name"]) is not None:
+        box.delete_rule(rule["name"])
+    box.insert_rule(rule)
 
 
 # ------------------------------------------------------------------ playing a job

@@ -11,7 +11,16 @@ import threading
 import time
 
 import pytest
-from conftest import JOBS, PULL_VARS, TRAIN, container, play, run_playbook, summarize
+from conftest import (
+    JOBS,
+    NODES_RULE,
+    PULL_VARS,
+    TRAIN,
+    container,
+    play,
+    run_playbook,
+    summarize,
+)
 
 pytestmark = pytest.mark.cluster  # brings up a local cluster
 
@@ -70,6 +79,17 @@ def test_two_nodes_train_the_failing_reports_stack(e2e):
         assert f"node rank: {rank}" in text
         assert "world size: 2" in text  # both ranks joined one process group
     shown = "\n".join(event.get("stdout", "") for event in e2e["events"])
+    # The session's first train.yml: the rule between the nodes is created through the API.
+    vpc = ", ".join(f"{vm.node['vpc_address']}/32" for vm in (vm0, vm1))
+    report = next(
+        e["event_data"]["res"]["msg"]
+        for e in e2e["events"]
+        if e.get("event") == "runner_on_ok" and "Report the rules" in e["event_data"]["task"]
+    )
+    assert report[0] == (
+        f"llamafactory-nodes: create (allow icmp:all, tcp:0-65535, udp:0-65535 from {vpc} "
+        "on network default)"
+    )
     assert f"[vm1] pulled {PULL_VARS['llamafactory_image']}" in shown
     assert PULL_VARS["llamafactory_registry_password"] not in json.dumps(e2e["events"])
     # rank 0 logged the loss of every step and saved the LoRA adapter; every node holds one.
@@ -126,6 +146,36 @@ def test_a_second_run_changes_nothing(e2e):
     after = [container(vm, "e2e") for vm in (vm0, vm1)]
     for old, new in zip(before, after, strict=True):
         assert (new["Id"], new["State"]["StartedAt"]) == (old["Id"], old["State"]["StartedAt"])
+
+
+def test_a_rule_widened_or_deleted_behind_its_back_is_put_back(e2e, box):
+    """The rule the first run created through the API, changed by someone else: the next run
+    puts it back as planned (and changes nothing else: the finished job is not relaunched)."""
+    vm0, vm1 = e2e["vms"]
+    made = box.rule(NODES_RULE)
+    assert made is not None and "hostnet.llamafactory cluster llamafactory:" in made["description"]
+    assert sorted(made["sourceRanges"]) == sorted(
+        f"{vm.node['vpc_address']}/32" for vm in (vm0, vm1)
+    )
+    before = [container(vm, "e2e")["Id"] for vm in (vm0, vm1)]
+    box.patch_rule(NODES_RULE, {"sourceRanges": [*made["sourceRanges"], "0.0.0.0/0"]})
+    rc, stats, failures, _events = play(e2e["inventory"], e2e["tmp"] / "widened", "e2e")
+    assert rc == 0, failures
+    assert set(changed(stats)) == {"vm0"}  # the firewall role runs once, for the job
+    assert sorted(box.rule(NODES_RULE)["sourceRanges"]) == sorted(made["sourceRanges"])
+
+    # Deleted: the VPC firewall drops vm1's connections to vm0 again (a closed port answered
+    # 'refused' through the rule; without it nothing answers), and the next run makes it again.
+    port = 29999
+    assert vm1.connect(vm0.node["vpc_address"], port) == "refused"
+    box.delete_rule(NODES_RULE)
+    assert vm1.connect(vm0.node["vpc_address"], port) == "timeout"
+    rc, stats, failures, _events = play(e2e["inventory"], e2e["tmp"] / "deleted", "e2e")
+    assert rc == 0, failures
+    assert set(changed(stats)) == {"vm0"}
+    assert box.rule(NODES_RULE)["sourceRanges"] == made["sourceRanges"]
+    assert vm1.connect(vm0.node["vpc_address"], port) == "refused"
+    assert [container(vm, "e2e")["Id"] for vm in (vm0, vm1)] == before
 
 
 def test_a_changed_job_is_refused_and_left_alone(e2e):
@@ -301,7 +351,7 @@ def test_the_original_bridge_failure_is_stopped_and_named(train_cluster, tmp_pat
     assert "29" in str(container(vms[0], job)["HostConfig"]["PortBindings"])
 
 
-def test_status_stop_and_cleanup(e2e, tmp_path):
+def test_status_stop_and_cleanup(e2e, box, tmp_path):
     inventory, (vm0, vm1) = e2e["inventory"], e2e["vms"]
     rc, _stats, failures, events = play(
         inventory, tmp_path / "status", "e2e", "playbooks/status.yml"
@@ -316,6 +366,14 @@ def test_status_stop_and_cleanup(e2e, tmp_path):
     assert "job e2e on vm1: rank 1 exited (exit 0)" in shown
     rc, stats, failures, _events = play(inventory, tmp_path / "stop", "e2e", "playbooks/stop.yml")
     assert rc == 0 and changed(stats) == {}, failures  # nothing was running
+    # The other tests' jobs removed by hand: cleanup.yml removes the last job of the collection
+    # on the nodes, then the firewall rule, and the VPC firewall drops the nodes' traffic again.
+    for vm in (vm0, vm1):
+        vm.sh(
+            "docker ps -a --filter label=hostnet.llamafactory.job --format '{{.Names}}' "
+            "| grep -vx llamafactory-e2e | xargs -r docker rm -f"
+        )
+    assert box.rule(NODES_RULE) is not None
     rc, stats, failures, _events = play(
         inventory, tmp_path / "clean", "e2e", "playbooks/cleanup.yml"
     )
@@ -324,6 +382,8 @@ def test_status_stop_and_cleanup(e2e, tmp_path):
     for vm in (vm0, vm1):
         assert container(vm, "e2e") is None
         assert vm.sh(f"ls -A {JOBS}/e2e").stdout.split() == ["output"]  # outputs are kept
+    assert box.rule(NODES_RULE) is None
+    assert vm1.connect(vm0.node["vpc_address"], 29999) == "timeout"
     rc, stats, failures, _events = play(
         inventory, tmp_path / "again", "e2e", "playbooks/cleanup.yml"
     )

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 import yaml
-from conftest import PULL_VARS, run_playbook
+from conftest import NODES_RULE, PULL_VARS, put_back, run_playbook
 
 pytestmark = pytest.mark.cluster  # brings up a local cluster
 
@@ -45,19 +45,31 @@ def on_vm(vm, apply, undo):
         vm.sh(undo)
 
 
-def test_a_blocked_port_between_the_nodes(train_cluster, tmp_path):
+def test_without_the_firewall_rule_the_preflight_names_the_dropped_ports(
+    train_cluster, box, nodes_rule, tmp_path
+):
+    """The seed's third fault on the GCP path: the project has no rule between the VMs (the box's
+    default network lacks default-allow-internal), so the VPC firewall drops their connections.
+    train.yml with gcp_firewall_state=absent deletes the role's rule, and the preflight names
+    what is dropped before any rank starts."""
     inventory, (vm0, vm1) = train_cluster
-    nic = vm1.node["nic"]
-    rule = f"INPUT -i {nic} -p tcp -m conntrack --ctstate NEW --dport 30000:65535 -j DROP"
-    with on_vm(vm1, f"iptables -I {rule}", f"iptables -D {rule}"):
-        rc, failures, _unreachable = train(inventory, tmp_path, "pf-port")
+    try:
+        rc, failures, _unreachable = train(
+            inventory, tmp_path, "pf-port", gcp_firewall_state="absent"
+        )
+        assert box.rule(NODES_RULE) is None
+    finally:
+        put_back(box, nodes_rule)
     assert rc != 0
     message = failures["vm0"]
-    assert "found 1 problem(s) before any rank started" in message
-    assert (
-        f"peer-unreachable: vm0 (rank 0) cannot reach vm1 at {vm1.node['vpc_address']}" in message
-    )
-    assert "timed out" in message and "gcp_firewall" in message
+    assert "found 3 problem(s) before any rank started" in message
+    for rank, vm, peer in ((0, vm0, vm1), (1, vm1, vm0)):
+        assert (
+            f"peer-unreachable: {vm.name} (rank {rank}) cannot reach {peer.name} at "
+            f"{peer.node['vpc_address']}:" in message
+        )
+    assert "master-unreachable: vm1 (rank 1) cannot reach MASTER_ADDR:MASTER_PORT" in message
+    assert "timed out" in message and "gcp_firewall role's rule" in message
     assert_nothing_started((vm0, vm1), "pf-port")
 
 
@@ -116,8 +128,10 @@ def test_a_public_master_addr_override(train_cluster, tmp_path):
     assert_nothing_started(vms, "pf-public")
 
 
-def test_one_node_unreachable(train_cluster, tmp_path):
-    inventory, vms = train_cluster
+def test_one_node_unreachable(train_cluster, test_cluster, tmp_path):
+    """On the static inventory (llamafactory_platform local): its hosts' addresses can be cut."""
+    _inventory, vms = train_cluster
+    inventory = test_cluster[1]["inventory"]
     data = yaml.safe_load(Path(inventory).read_text())
     hosts = data["all"]["children"]["llamafactory"]["hosts"]
     hosts["vm1"]["ansible_host"] = hosts["vm1"]["ansible_host"].rsplit(".", 1)[0] + ".99"
@@ -199,7 +213,7 @@ def doctor(inventory, tmp_path, **extravars):
     return runner.rc, text
 
 
-def test_doctor_on_a_healthy_cluster(train_cluster, tmp_path):
+def test_doctor_on_a_healthy_cluster(train_cluster, nodes_rule, tmp_path):
     inventory, vms = train_cluster
     rc, report = doctor(inventory, tmp_path, llamafactory_job="pf-doctor")
     assert rc == 0, report
@@ -210,18 +224,19 @@ def test_doctor_on_a_healthy_cluster(train_cluster, tmp_path):
         assert "preflight" not in vm.sh("docker ps -a --format '{{.Names}}'").stdout
 
 
-def test_doctor_names_a_blocked_port(train_cluster, tmp_path):
-    inventory, (_vm0, vm1) = train_cluster
-    rule = (
-        f"INPUT -i {vm1.node['nic']} -p tcp -m conntrack --ctstate NEW --dport 30000:65535 -j DROP"
-    )
-    with on_vm(vm1, f"iptables -I {rule}", f"iptables -D {rule}"):
+def test_doctor_names_a_port_the_vpc_firewall_drops(train_cluster, box, nodes_rule, tmp_path):
+    """The role's rule deleted behind its back (the doctor does not manage the firewall)."""
+    inventory = train_cluster[0]
+    box.delete_rule(NODES_RULE)
+    try:
         rc, report = doctor(inventory, tmp_path, llamafactory_job="pf-doctor")
+    finally:
+        put_back(box, nodes_rule)
     assert rc != 0
     assert "- peer-unreachable: vm0 (rank 0) cannot reach vm1" in report
 
 
-def test_doctor_reads_a_hand_launched_job(train_cluster, tmp_path):
+def test_doctor_reads_a_hand_launched_job(train_cluster, nodes_rule, tmp_path):
     """The report's hand launch in miniature: torchrun in bridge-networked containers, rank 0
     publishing MASTER_PORT, MASTER_ADDR = rank 0's VPC address. The doctor skips nothing (the
     containers have exited) and finds the cause in their logs."""
