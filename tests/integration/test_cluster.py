@@ -119,7 +119,8 @@ def _connects(vm, address: str, port: int) -> bool:
     return vm.sh(probe, check=False).returncode == 0
 
 
-def test_the_rendezvous_port_is_reached_over_the_vpc_only(vms):
+def test_the_rendezvous_port_is_reached_over_the_vpc_only(vms, nodes_rule):
+    """With the gcp_firewall role's rule (from the nodes' VPC addresses) in force."""
     master, worker = vms[0], vms[1]
     master.sh(
         "docker run -d --rm --net=host --name rendezvous hostnet-llamafactory/probe:busybox "
@@ -135,12 +136,10 @@ def test_the_rendezvous_port_is_reached_over_the_vpc_only(vms):
         # ansible_host is the external address: as on GCP, only SSH (and ping) get through.
         assert not _connects(worker, master.node["external_address"], RENDEZVOUS_PORT)
         assert _connects(worker, master.node["external_address"], 22)
-        # The controller too: the rendezvous port answers on the VPC address, not the external one.
-        socket.create_connection((master.node["vpc_address"], RENDEZVOUS_PORT), timeout=5).close()
-        with pytest.raises(OSError):
-            socket.create_connection(
-                (master.node["external_address"], RENDEZVOUS_PORT), timeout=3
-            ).close()
+        # The controller, not a node, reaches it on neither address; SSH only.
+        for address in (master.node["vpc_address"], master.node["external_address"]):
+            with pytest.raises(OSError):
+                socket.create_connection((address, RENDEZVOUS_PORT), timeout=3).close()
         with socket.create_connection((master.node["external_address"], 22), timeout=5) as ssh:
             assert ssh.recv(16).startswith(b"SSH-")
     finally:

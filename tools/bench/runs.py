@@ -227,32 +227,45 @@ class BenchCluster:
 
     def down(self) -> None:
         cluster.down(self.definition)
-        for derived in self.definition.inventory.parent.glob(f"{CLUSTER}-n*.yml"):
-            derived.unlink()  # the inventories cut from the cluster's (see inventory())
+        for derived in self.definition.inventory.parent.glob(f"{CLUSTER}-n*.gcp"):
+            shutil.rmtree(derived)  # the inventories cut from the cluster's (see inventory())
 
     @property
     def nodes(self) -> list[dict]:
         return self.state["nodes"]
 
     def inventory(self, count: int, duplicate_rank: bool = False) -> Path:
-        """The cluster's inventory cut to its first `count` VMs (next to it, so that the
-        local group_vars apply)."""
-        source = Path(self.state["inventory"])
-        data = yaml.safe_load(source.read_text())
-        hosts = data["all"]["children"]["llamafactory"]["hosts"]
-        kept = dict(list(hosts.items())[:count])
-        if duplicate_rank:
-            for host in kept.values():
-                host["llamafactory_node_rank"] = 0
-        data["all"]["children"]["llamafactory"]["hosts"] = kept
+        """The cluster's GCP-path inventory (the shipped dynamic inventory pointed at the box)
+        with its group cut to the VMs of rank < `count`: every VM is still listed by the API, as
+        in a project with other VMs, only the group differs (and, with duplicate_rank, every
+        node's rank is 0)."""
+        source = Path(self.state["gcp_inventory"])
         suffix = "-rank0" if duplicate_rank else ""
-        path = source.with_name(f"{CLUSTER}-n{count}{suffix}.yml")
-        path.write_text(yaml.safe_dump(data, sort_keys=False))
-        return path
+        folder = source.with_name(f"{CLUSTER}-n{count}{suffix}.gcp")
+        folder.mkdir(exist_ok=True)
+        config = yaml.safe_load((source / "gcp_compute.yml").read_text())
+        group = config["groups"]["llamafactory"]
+        config["groups"]["llamafactory"] = (
+            f"({group}) and (labels['llamafactory-rank'] | int) < {count}"
+        )
+        if duplicate_rank:
+            config["compose"]["llamafactory_node_rank"] = "0"
+        (folder / "gcp_compute.yml").write_text(yaml.safe_dump(config, sort_keys=False))
+        shutil.copy(source / "box.yml", folder / "box.yml")
+        if not (folder / "group_vars").is_symlink():
+            (folder / "group_vars").symlink_to(Path("..") / "group_vars")
+        return folder
 
     def train(self, inventory: Path, job: str, label: str, deadline_s: float, **extra) -> dict:
         watch = extra.pop("_watch", None)
-        variables = {**JOB_VARS, "llamafactory_job": job, **extra}
+        # Each cut of the cluster is a cluster of its own to the firewall role (its own rule):
+        # one rule rewritten for 2 and then 8 nodes would change at every re-run.
+        variables = {
+            **JOB_VARS,
+            "llamafactory_job": job,
+            "gcp_firewall_cluster_name": Path(inventory).name.removesuffix(".gcp"),
+            **extra,
+        }
         command = [
             "ansible-playbook",
             "playbooks/train.yml",
@@ -264,7 +277,10 @@ class BenchCluster:
             json.dumps(variables),
         ]
         log_path = self.logs / f"{slug(label)}.log"
-        return run_logged(command, log_path, label, deadline_s, watch=watch)
+        # The box's API proxy and CA: the dynamic inventory and the firewall role reach it.
+        return run_logged(
+            command, log_path, label, deadline_s, watch=watch, env=self.state["gce"]["env"]
+        )
 
     def ensure_trained(self, count: int, job: str, deadline_s: float) -> None:
         """Train `job` on the first `count` VMs (a re-run that keeps it when it finished before
