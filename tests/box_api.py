@@ -81,7 +81,9 @@ class Box:
         self.done(self.call("POST", self.rules_url, json=body))
 
     def patch_rule(self, name: str, changes: dict) -> None:
-        self.done(self.call("PATCH", f"{self.rules_url}/{name}", json=changes))
+        """A JSON merge patch of the rule (the API wants its name in the body too)."""
+        body = {"name": name, **changes}
+        self.done(self.call("PATCH", f"{self.rules_url}/{name}", json=body))
 
     def delete_rule(self, name: str) -> None:
         self.done(self.call("DELETE", f"{self.rules_url}/{name}"))

@@ -180,7 +180,12 @@ def nodes_rule(train_cluster, box, tmp_path_factory):
             train_cluster[0],
             tmp_path_factory.mktemp("nodes-rule"),
             "tests/integration/playbooks/firewall.yml",
-            {**PULL_VARS, "llamafactory_job": "nodes-rule"},
+            {
+                **PULL_VARS,
+                "llamafactory_job": "nodes-rule",
+                # group_vars find it from playbooks/, this playbook is elsewhere
+                "llamafactory_config": str(ROOT / "examples/local-demo/llama3_lora_sft_ds3.yaml"),
+            },
         )
         assert result.rc == 0, result.failures()
         rule = box.rule(NODES_RULE)
