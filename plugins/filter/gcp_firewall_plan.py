@@ -19,13 +19,17 @@ description:
     absent when none are given."
   - Fails, naming the variable and the fix, on 0.0.0.0/0 or ::/0 in any spelling, on a non-private
     source for the nodes rule (it would publish MASTER_PORT beyond the cluster), on an SSH rule
-    when MASTER_PORT is 22, on a node without a known internal address, and on names GCE refuses.
+    when MASTER_PORT is 22, on a node without a known internal address, on a node whose address
+    is not its address on the rule's network (when the Compute Engine API's view of its NICs is
+    known), and on names GCE refuses.
 options:
   _input:
     description:
       - "The settings: C(state), C(cluster), C(project), C(network), C(priority), C(source)
         (addresses, tag or ranges), C(tag), C(ranges), C(target_tags), C(ssh_source_ranges),
-        C(master_port), and C(nodes) (host name to internal address, or null)."
+        C(master_port), C(nodes) (host name to internal address, or null), and C(interfaces)
+        (host name to the VM's C(networkInterfaces) as the gcp_compute inventory lists them, or
+        null)."
     type: dict
     required: true
 """

@@ -116,6 +116,18 @@ def _private(network):
     return network.version == 4 and any(network.subnet_of(p) for p in PRIVATE_NETWORKS)
 
 
+def _addresses_on(interfaces, network):
+    """The networkIP of each of a VM's interfaces on `network` (its name), or None when the
+    interfaces are not known (an inventory without the API's data)."""
+    if not isinstance(interfaces, (list, tuple)):
+        return None
+    return [
+        str(i.get("networkIP"))
+        for i in interfaces
+        if isinstance(i, dict) and str(i.get("network", "")).rsplit("/", 1)[-1] == network
+    ]
+
+
 def _list(value, variable):
     if value is None or value == "":
         return []
@@ -182,8 +194,10 @@ def plan(settings):
     """The rules one cluster needs, from the role's settings; FirewallError when unsafe or wrong.
 
     settings: state, cluster, project, network, priority, source (addresses | tag | ranges), tag,
-    ranges, target_tags, ssh_source_ranges, master_port, and nodes (host -> internal address or
-    None). Everything is checked here, before any API call.
+    ranges, target_tags, ssh_source_ranges, master_port, nodes (host -> internal address or
+    None) and interfaces (host -> the VM's networkInterfaces as the Compute Engine API lists them,
+    from the gcp_compute inventory; None where unknown). Everything is checked here, before any
+    API call.
     """
     state = settings.get("state") or "present"
     if state not in ("present", "absent"):
@@ -245,6 +259,24 @@ def plan(settings):
                     "the internal address of %s is %r, not an IPv4 address (primary_nic.address)"
                     % (host, address)
                 ) from None
+            on_network = _addresses_on(
+                (settings.get("interfaces") or {}).get(host), result["network"]
+            )
+            if on_network is not None and str(network.network_address) not in on_network:
+                raise FirewallError(
+                    "the training address of %s is %s (primary_nic), but its address on network "
+                    "%s, which the rule is for, is %s (Compute Engine API): the nodes would train "
+                    "over another network, which this rule does not open. Set "
+                    "llamafactory_interface to the NIC on %s, or gcp_firewall_network to the "
+                    "network of the NIC you chose"
+                    % (
+                        host,
+                        address,
+                        result["network"],
+                        ", ".join(on_network) or "none",
+                        result["network"],
+                    )
+                )
             if not _private(network):
                 raise FirewallError(
                     "the internal address of %s is %s, not a private address (one of the ranges a "

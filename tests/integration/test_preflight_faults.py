@@ -90,11 +90,26 @@ def test_bridge_networking(train_cluster, tmp_path):
     assert_nothing_started(vms, "pf-bridge")
 
 
-def test_the_wrong_nic_chosen(train_cluster, tmp_path):
-    """ext0 exists on every VM (the 'public' side, SSH only): the nodes cannot train over it."""
+def test_the_wrong_nic_chosen(train_cluster, test_cluster, nodes_rule, tmp_path):
+    """ext0 exists on every VM (the 'public' side, SSH only): the nodes cannot train over it.
+    On the GCP path the firewall role refuses it first (the API says the VMs' address on the
+    rule's network is another); off GCP (the static inventory) the preflight names it."""
     inventory, vms = train_cluster
     rc, failures, _unreachable = train(
-        inventory, tmp_path, "pf-wrongnic", llamafactory_interface="ext0"
+        inventory, tmp_path / "gcp", "pf-wrongnic", llamafactory_interface="ext0"
+    )
+    assert rc != 0
+    message = " ".join(failures["vm0"].split())
+    external, internal = vms[0].node["external_address"], vms[0].node["vpc_address"]
+    assert (
+        f"the training address of vm0 is {external} (primary_nic), but its address on network "
+        f"default, which the rule is for, is {internal} (Compute Engine API)" in message
+    )
+    assert_nothing_started(vms, "pf-wrongnic")
+
+    local = test_cluster[1]["inventory"]
+    rc, failures, _unreachable = train(
+        local, tmp_path / "local", "pf-wrongnic", llamafactory_interface="ext0"
     )
     assert rc != 0
     message = failures["vm0"]

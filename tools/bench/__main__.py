@@ -31,8 +31,11 @@ from .results import Results
 BENCHMARKS = ["time-to-cause", "allreduce", "rerun", "demo"]
 NOTES = {
     "time-to-cause": (
-        "Preflight: `train.yml` with the fault, timed from its start until the finding's id "
-        "appears in its output (the job's image already on the nodes, as after any first run). "
+        "Preflight: `train.yml` on the GCP path (the dynamic inventory, the firewall rule made "
+        "through the box's API) with the fault, timed from its start until the finding's id "
+        "appears in its output (the job's image already on the nodes, as after any first run; "
+        "the wrong NIC is named by the firewall role, before the preflight, from the API's "
+        "address of each VM on the rule's network). "
         "Hand launch: `docker run` of the job's own image, config and data on both VMs at once, "
         "as the report's user does it - Docker's bridge with `-p 29500:29500` and no NIC set "
         "(bridge networking), host networking with `GLOO_SOCKET_IFNAME=ext0` (wrong NIC), host "

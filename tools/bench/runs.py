@@ -42,7 +42,8 @@ FAULTS = {
         "expect": "container-not-on-host-network",
         "vars": {"llamafactory_network_mode": "bridge", "llamafactory_allow_bridge": True},
     },
-    "wrong NIC": {"expect": "master-unreachable", "vars": {"llamafactory_interface": "ext0"}},
+    # On the GCP path the firewall role names it (the API's address on the rule's network).
+    "wrong NIC": {"expect": "which the rule is for", "vars": {"llamafactory_interface": "ext0"}},
     "blocked port": {"expect": "peer-unreachable", "vars": {}},
     "two nodes at rank 0": {"expect": "llamafactory_node_rank must be unique", "vars": {}},
 }

@@ -71,6 +71,28 @@ def test_nodes_in_any_range_a_vpc_subnet_may_use_are_accepted(address):
     assert rule(planned, "nodes")["params"]["source_ranges"] == [f"{address}/32"]
 
 
+def test_a_training_nic_off_the_rules_network_is_refused():
+    """The API's networkInterfaces show which address each VM has on the rule's network."""
+    link = "https://www.googleapis.com/compute/v1/projects/p/global/networks/"
+    interfaces = {
+        "trainer-0": [
+            {"network": link + "default", "networkIP": "10.128.0.5"},
+            {"network": link + "gpu-1", "networkIP": "10.1.0.5"},
+        ]
+    }
+    nodes = {"trainer-0": "10.1.0.5"}
+    with pytest.raises(fw.FirewallError) as error:
+        fw.plan(settings(nodes=nodes, interfaces=interfaces))
+    assert str(error.value).startswith(
+        "the training address of trainer-0 is 10.1.0.5 (primary_nic), but its address on "
+        "network default, which the rule is for, is 10.128.0.5 (Compute Engine API)"
+    )
+    planned = fw.plan(settings(nodes=nodes, interfaces=interfaces, network="gpu-1"))
+    assert rule(planned, "nodes")["params"]["source_ranges"] == ["10.1.0.5/32"]
+    # without the API's view (a static inventory) the address is taken as it is
+    assert fw.plan(settings(nodes=nodes, interfaces={"trainer-0": None}))
+
+
 def test_ssh_rule_from_admin_ranges():
     planned = fw.plan(settings(ssh_source_ranges=["203.0.113.7/24"], target_tags=["gpu"]))
     ssh = rule(planned, "ssh")
