@@ -118,14 +118,19 @@ def _private(network):
 
 def _addresses_on(interfaces, network):
     """The networkIP of each of a VM's interfaces on `network` (its name), or None when the
-    interfaces are not known (an inventory without the API's data)."""
+    interfaces are not known (an inventory without the API's data). An interface's network is
+    the API's link, or the {name, region, selfLink} the gcp_compute inventory makes of it."""
     if not isinstance(interfaces, (list, tuple)):
         return None
-    return [
-        str(i.get("networkIP"))
-        for i in interfaces
-        if isinstance(i, dict) and str(i.get("network", "")).rsplit("/", 1)[-1] == network
-    ]
+    found = []
+    for interface in interfaces:
+        if not isinstance(interface, dict):
+            continue
+        link = interface.get("network")
+        name = link.get("name") if isinstance(link, dict) else str(link or "").rsplit("/", 1)[-1]
+        if name == network:
+            found.append(str(interface.get("networkIP")))
+    return found
 
 
 def _list(value, variable):
@@ -368,7 +373,7 @@ def _show_allowed(items):
 
 
 def _what_it_allows(want):
-    """A rule in one line: 'allow tcp:all, udp:all, icmp:all from 10.0.0.2/32 on network default'."""
+    """A rule in one line: 'allow tcp:all, udp:all from 10.0.0.2/32 on network default'."""
     sources = list(want.get("sourceRanges") or []) + [
         "tag %s" % t for t in want.get("sourceTags") or []
     ]

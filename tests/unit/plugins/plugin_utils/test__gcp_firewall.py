@@ -89,6 +89,16 @@ def test_a_training_nic_off_the_rules_network_is_refused():
     )
     planned = fw.plan(settings(nodes=nodes, interfaces=interfaces, network="gpu-1"))
     assert rule(planned, "nodes")["params"]["source_ranges"] == ["10.1.0.5/32"]
+    # as the gcp_compute inventory holds them: each network link made {name, region, selfLink}
+    held = {
+        "trainer-0": [
+            {"network": {"name": "default", "selfLink": link + "default"}, "networkIP": "10.1.0.5"}
+        ]
+    }
+    assert fw.plan(settings(nodes=nodes, interfaces=held))
+    held["trainer-0"][0]["networkIP"] = "10.128.0.5"
+    with pytest.raises(fw.FirewallError, match=r"is 10\.128\.0\.5 \(Compute Engine API\)"):
+        fw.plan(settings(nodes=nodes, interfaces=held))
     # without the API's view (a static inventory) the address is taken as it is
     assert fw.plan(settings(nodes=nodes, interfaces={"trainer-0": None}))
 
