@@ -133,8 +133,17 @@ def test_inventory_stop_start_and_labels_through_the_api(cp, box, tmp_path):
     assert "vm1 is TERMINATED in Compute Engine" in message
     assert "gcloud compute instances start vm1 --zone us-central1-a" in message
 
-    # start: SSH with the controller's key and the recorded host key; the NIC is back.
+    # start: a new ephemeral external IP, as on GCE (known_hosts and the metadata follow); SSH
+    # with the controller's key and the recorded host key; the NIC is back.
     box.act("vm1", "start")
+    state = json.loads((cluster.state_dir(definition) / "state.json").read_text())
+    old_address, vm1 = vm1["external_address"], state["nodes"][1]
+    assert vm1["external_address"] != old_address
+    metadata = VM(vm1).sh(
+        "curl -sf -H 'Metadata-Flavor: Google' http://metadata.google.internal/computeMetadata/"
+        "v1/instance/network-interfaces/0/access-configs/0/external-ip"
+    )
+    assert metadata.stdout.strip() == vm1["external_address"]
     answer = ssh(state, vm1)
     assert answer.returncode == 0, answer.stderr
     assert answer.stdout.strip() == "vm1"

@@ -389,7 +389,9 @@ def _configure_vm(spec: ClusterSpec, vm: VM, container, public_key: str, probe: 
     }
 
 
-def metadata_document(spec: ClusterSpec, vm: VM, vpc_mac: str) -> dict:
+def metadata_document(
+    spec: ClusterSpec, vm: VM, vpc_mac: str, external_ip: str | None = None
+) -> dict:
     """What the VM's metadata server answers: its name, zone, project, machine type, nic0 (the
     VPC NIC) with the external address as its access config."""
     vpc = spec.networks["vpc"]
@@ -404,8 +406,37 @@ def metadata_document(spec: ClusterSpec, vm: VM, vpc_mac: str) -> dict:
         prefix=vpc.subnet.prefixlen,
         gateway=vpc.gateway,
         mtu=vpc.mtu,
-        external_ip=spec.networks["external"].address(vm.index),
+        external_ip=external_ip or spec.networks["external"].address(vm.index),
     )
+
+
+def renew_external_address(spec: ClusterSpec, vm: VM, container, directory: Path) -> str:
+    """As Compute Engine releases a stopped VM's ephemeral external IP and gives it a new one at
+    start: the running container leaves the external network and joins it again at a free
+    address (from the top of the subnet down); state.json, known_hosts, the static inventory and
+    the VM's metadata follow. Returns the new address."""
+    path = directory / "state.json"
+    state = json.loads(path.read_text())
+    node = next(n for n in state["nodes"] if n["name"] == vm.name)
+    network = spec.networks["external"]
+    used = {n["external_address"] for n in state["nodes"]} | {network.gateway}
+    used |= {network.address(peer.index) for peer in spec.vms}
+    address = next(str(a) for a in reversed(list(network.subnet.hosts())) if str(a) not in used)
+    external = client().networks.get(spec.network_name("external"))
+    external.disconnect(container, force=True)
+    external.connect(container, ipv4_address=address)
+    node["external_address"] = address
+    tmp = path.with_suffix(".renew")
+    tmp.write_text(json.dumps(state, indent=2) + "\n")
+    tmp.replace(path)
+    (directory / "known_hosts").write_text(
+        "".join(f"{n['external_address']} {n['host_key']}\n" for n in state["nodes"])
+    )
+    write_inventory(spec, state)
+    gce_metadata.publish(
+        container.name, metadata_document(spec, vm, node["vpc_mac"], external_ip=address)
+    )
+    return address
 
 
 def _put(container, path: str, text: str) -> None:

@@ -16,11 +16,12 @@ are the cluster's VM containers, read live from Docker and STATE_DIR/state.json 
 
 The actions (run by the fake in an operation's thread; the operation is DONE when they return):
 stop = the container stopped, its disk (volume) and container kept; start = the container started
-and what a restart loses set again (NIC names, routes, the external path's filter, the hosts
-file: cluster.configure_network), then systemd, sshd and dockerd awaited; reset = a restart, the
-same re-applied; delete = the container and its disk removed. Unlike Compute Engine, a started
-VM gets its old external address back, not a new ephemeral one: the containers' addresses are
-fixed.
+with a new external address, as Compute Engine gives a started VM a new ephemeral external IP
+(cluster.renew_external_address: state.json, known_hosts, the static inventory and the VM's
+metadata follow), and what a restart loses set again (NIC names, routes, the external path's
+filter, the hosts file: cluster.configure_network), then systemd, sshd and dockerd awaited;
+reset = a restart (the external address kept, as on GCE), the same re-applied; delete = the
+container and its disk removed.
 
 `start(state_dir)` and `stop(state_dir)` run the fake as a service of the cluster (cluster.up and
 cluster.down call them): daemonized, state in STATE_DIR/gce, no idle timeout; state.json's "gce"
@@ -175,6 +176,8 @@ class ClusterBackend:
             return  # as on Compute Engine: starting a running VM changes nothing
         with self._acting(name, "STAGING"):
             container.start()
+            # Its ephemeral external IP was released at stop: a new one (reset keeps it).
+            cluster.renew_external_address(self.definition, vm, container, self.state_dir)
             self._restore(vm, container)
 
     def reset(self, name: str) -> None:
