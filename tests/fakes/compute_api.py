@@ -38,6 +38,12 @@ For the google.cloud.gcp_compute inventory plugin (.../rest/v1/instances/aggrega
   subnetwork links, networkIP, and accessConfigs [{natIP, type ONE_TO_ONE_NAT, name External
   NAT}] only where given (a VM without an external IP has none).
 
+Placement (.../rest/v1/resourcePolicies/get): GET .../projects/P/regions/R/resourcePolicies/NAME
+(permission compute.resourcePolicies.get) answers the backend's placement policies
+(compute#resourcePolicy with a groupPlacementPolicy {vmCount, collocation}, status READY; the
+backend's instances list them in resourcePolicies); 404 for another name or region, and always
+without a backend.
+
 Per zone (.../rest/v1/instances, .../zoneOperations), over the same instances:
 
 - GET .../projects/P/zones/Z/instances (compute#instanceList; `filter` as above, every match on
@@ -266,6 +272,14 @@ class Compute:
         )
         if match:
             return self._zonal(method, *match.groups(), query, body)
+        match = re.fullmatch(
+            r"/compute/v1/projects/([^/]+)/regions/([^/]+)/resourcePolicies/([^/]+)", path
+        )
+        if match:
+            if method != "GET":
+                raise ApiError(405, "httpMethodNotAllowed", "Method not allowed")
+            check_query(query)
+            return self._resource_policy(*match.groups())
         match = re.fullmatch(r"/compute/v1/projects/([^/]+)/aggregated/instances", path)
         if match:
             if match.group(1) not in self.projects:
@@ -305,6 +319,20 @@ class Compute:
                 return self._patch(project, name, body)
             return self._delete(project, name)
         raise ApiError(405, "httpMethodNotAllowed", "Method not allowed")
+
+    def _resource_policy(self, project, region, name):
+        """resourcePolicies.get: the backend's placement policies (none without one)."""
+        self._known_project(project)
+        regions = {z.rsplit("-", 1)[0] for z in self._zones(project, self.instances)}
+        if region not in regions:
+            raise not_found(f"projects/{project}/regions/{region}")
+        resource = f"projects/{project}/regions/{region}/resourcePolicies/{name}"
+        self._check("compute.resourcePolicies.get", resource)
+        policies = self.backend.resource_policies() if self.backend is not None else []
+        for policy in policies:
+            if policy["name"] == name and policy["region"].endswith(f"/regions/{region}"):
+                return policy
+        raise not_found(resource)
 
     def _known_project(self, project):
         if project not in self.projects:

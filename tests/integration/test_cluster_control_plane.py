@@ -25,7 +25,10 @@ ANSIBLE_INVENTORY = os.path.join(os.path.dirname(sys.executable), "ansible-inven
 def cp():
     # A fresh project's rules: default-allow-internal lets the VMs reach each other.
     definition = spec.load(
-        name="cp", shift=6, firewall=[*spec.load().firewall, spec.DEFAULT_ALLOW_INTERNAL]
+        name="cp",
+        shift=6,
+        firewall=[*spec.load().firewall, spec.DEFAULT_ALLOW_INTERNAL],
+        placement_policy={"name": "hlf-compact"},
     )
     state = cluster.up(definition)
     yield definition, state
@@ -110,6 +113,11 @@ def test_inventory_stop_start_and_labels_through_the_api(cp, box, tmp_path):
             "default",
         )
         assert host["ansible_user"] == state["user"]  # box.yml, beside the dynamic inventory
+
+    # The compact placement policy the VMs are in (resourcePolicies.get, instances' links).
+    policy = box.call("GET", f"{box.project_url}/regions/us-central1/resourcePolicies/hlf-compact")
+    assert policy["groupPlacementPolicy"] == {"vmCount": 2, "collocation": "COLLOCATED"}
+    assert box.instance("vm1")["resourcePolicies"] == [policy["selfLink"]]
 
     # stop: the container stops, its disk stays; the inventory shows TERMINATED, no natIP.
     box.act("vm1", "stop")

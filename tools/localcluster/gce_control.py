@@ -126,6 +126,7 @@ class ClusterBackend:
                 interface["accessConfigs"] = [access]
             interfaces.append(interface)
         created = container.attrs["Created"]
+        policies = [p["selfLink"] for p in self.resource_policies()]
         return {
             "kind": "compute#instance",
             "id": str(int(container.id[:15], 16)),
@@ -137,6 +138,7 @@ class ClusterBackend:
             "machineType": f"{zone_link}/machineTypes/{vm.machine_type}",
             "labels": labels,
             "networkInterfaces": interfaces,
+            **({"resourcePolicies": policies} if policies else {}),
             "canIpForward": False,
             "disks": [
                 {
@@ -148,6 +150,30 @@ class ClusterBackend:
                 }
             ],
         }
+
+    def resource_policies(self) -> list[dict]:
+        """The definition's placement policy, holding every VM, as resourcePolicies.get answers."""
+        policy = self.definition.placement_policy
+        if not policy:
+            return []
+        region = self.zone.rsplit("-", 1)[0]
+        region_link = f"{LINK}projects/{self.project}/regions/{region}"
+        created = self.state().get("created") or "2026-01-01T00:00:00"
+        return [
+            {
+                "kind": "compute#resourcePolicy",
+                "id": str(int.from_bytes(policy["name"].encode()[:7], "big")),
+                "creationTimestamp": f"{created[:19]}.000-00:00",
+                "selfLink": f"{region_link}/resourcePolicies/{policy['name']}",
+                "region": region_link,
+                "name": policy["name"],
+                "status": "READY",
+                "groupPlacementPolicy": {
+                    "vmCount": len(self.definition.vms),
+                    "collocation": policy["collocation"],
+                },
+            }
+        ]
 
     # -- acting (blocking: the fake runs each in its operation's thread) ------------------------
 

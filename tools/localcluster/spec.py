@@ -93,6 +93,8 @@ class ClusterSpec:
     firewall: tuple[dict, ...] = ()  # compute#firewall resources, in force on every VM
     project: str = "hostnet-box"  # the project and zone the fake Compute Engine API serves
     zone: str = "us-central1-a"
+    # A compact placement policy every VM is in: {name, collocation}, or None.
+    placement_policy: dict | None = None
 
     def prefix(self) -> str:
         return f"hlf-{self.name}"
@@ -307,6 +309,7 @@ def parse(raw: dict) -> ClusterSpec:
     if not inventory.is_absolute():
         inventory = repo_root() / inventory
     firewall = _firewall(raw.get("firewall"), int(raw.get("shift") or 0))
+    placement = _placement_policy(raw.get("placement_policy"))
     return ClusterSpec(
         name=name,
         user=user,
@@ -316,7 +319,27 @@ def parse(raw: dict) -> ClusterSpec:
         firewall=firewall,
         project=project,
         zone=zone,
+        placement_policy=placement,
     )
+
+
+COLLOCATIONS = ("COLLOCATED", "UNSPECIFIED_COLLOCATION")
+
+
+def _placement_policy(raw) -> dict | None:
+    """A group placement policy (compute#resourcePolicy) the VMs are in, as GPU clusters use:
+    {name, collocation: COLLOCATED (the default) or UNSPECIFIED_COLLOCATION}."""
+    if raw is None:
+        return None
+    if not isinstance(raw, dict) or set(raw) - {"name", "collocation"}:
+        _fail("placement_policy must be {name: NAME, collocation: COLLOCATED}")
+    name = str(raw.get("name", ""))
+    if not gce_firewall.NAME_RE.match(name):
+        _fail(f"placement_policy.name {name!r} must match {gce_firewall.NAME_RE.pattern}")
+    collocation = str(raw.get("collocation", "COLLOCATED"))
+    if collocation not in COLLOCATIONS:
+        _fail(f"placement_policy.collocation {collocation!r}: use one of {COLLOCATIONS}")
+    return {"name": name, "collocation": collocation}
 
 
 def to_raw(definition: ClusterSpec) -> dict:
@@ -344,6 +367,7 @@ def to_raw(definition: ClusterSpec) -> dict:
             for vm in definition.vms
         ],
         "firewall": [dict(rule) for rule in definition.firewall],
+        "placement_policy": definition.placement_policy,
     }
 
 

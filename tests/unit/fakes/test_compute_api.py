@@ -330,6 +330,21 @@ class Backend:
     def firewalls_landed(self, rules):
         self.rules.append([r["name"] for r in rules])
 
+    def resource_policies(self):
+        region = f"{compute_api.LINK}projects/{self.project}/regions/us-central1"
+        return [
+            {
+                "kind": "compute#resourcePolicy",
+                "id": "4242",
+                "creationTimestamp": "2026-12-01T10:00:00.000-00:00",
+                "selfLink": f"{region}/resourcePolicies/compact",
+                "region": region,
+                "name": "compact",
+                "status": "READY",
+                "groupPlacementPolicy": {"vmCount": 2, "collocation": "COLLOCATED"},
+            }
+        ]
+
 
 @pytest.fixture
 def boxed(tmp_path):
@@ -554,3 +569,15 @@ def test_the_token_endpoint_refuses_what_google_refuses(fake, tmp_path):
     assert grant(scope="")[1]["error"] == "invalid_scope"
     made_up = {"Authorization": "Bearer ya29.made-up"}
     assert session.get(f"{BASE}/firewalls", headers=made_up).status_code == 401
+
+
+def test_resource_policies_get_answers_the_backends_placement_policy(boxed):
+    server, session, _backend = boxed
+    regions = f"https://compute.googleapis.com/compute/v1/projects/{Backend.project}/regions"
+    policy = session.get(f"{regions}/us-central1/resourcePolicies/compact")
+    assert policy.status_code == 200, policy.text
+    assert policy.json()["groupPlacementPolicy"] == {"vmCount": 2, "collocation": "COLLOCATED"}
+    assert session.get(f"{regions}/us-central1/resourcePolicies/other").status_code == 404
+    assert session.get(f"{regions}/europe-west9/resourcePolicies/compact").status_code == 404
+    assert session.delete(f"{regions}/us-central1/resourcePolicies/compact").status_code == 405
+    assert compute_contract.validate_log(server.compute.history) == []

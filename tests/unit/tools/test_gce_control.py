@@ -98,6 +98,20 @@ def test_running_and_stopped_vms_as_instances(state_dir, docker_with):
     assert nic1["network"] == f"{LINK}/global/networks/secondary"
 
 
+def test_a_placement_policy_holds_every_vm(state_dir, docker_with):
+    docker_with(container("hlf-unit-vm0"), container("hlf-unit-vm1"))
+    assert gce_control.ClusterBackend(state_dir).resource_policies() == []
+    assert "resourcePolicies" not in gce_control.ClusterBackend(state_dir).instances()[0]
+    state = json.loads((state_dir / "state.json").read_text())
+    state["definition"]["placement_policy"] = {"name": "compact", "collocation": "COLLOCATED"}
+    (state_dir / "state.json").write_text(json.dumps(state))
+    backend = gce_control.ClusterBackend(state_dir)
+    (policy,) = backend.resource_policies()
+    assert policy["selfLink"] == f"{LINK}/regions/us-central1/resourcePolicies/compact"
+    assert policy["groupPlacementPolicy"] == {"vmCount": 2, "collocation": "COLLOCATED"}
+    assert [i["resourcePolicies"] for i in backend.instances()] == [[policy["selfLink"]]] * 2
+
+
 def test_a_deleted_vm_is_no_instance_and_an_acting_one_says_so(state_dir, docker_with):
     docker_with(container("hlf-unit-vm1"))
     backend = gce_control.ClusterBackend(state_dir)

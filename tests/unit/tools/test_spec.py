@@ -296,3 +296,14 @@ def test_to_raw_round_trips_a_shifted_definition():
     definition = parse(shift=6, vms=[{"name": "a", "labels": {"x": "1"}}, {"name": "b"}])
     assert spec.parse(spec.to_raw(definition)) == definition
     assert json.loads(json.dumps(spec.to_raw(definition))) == spec.to_raw(definition)
+
+
+def test_a_placement_policy_is_checked_and_kept():
+    definition = parse(placement_policy={"name": "compact"})
+    assert definition.placement_policy == {"name": "compact", "collocation": "COLLOCATED"}
+    assert spec.parse(spec.to_raw(definition)).placement_policy == definition.placement_policy
+    assert parse().placement_policy is None
+    with pytest.raises(ClusterError, match=r"placement_policy\.name 'Compact'"):
+        parse(placement_policy={"name": "Compact"})
+    with pytest.raises(ClusterError, match=r"placement_policy\.collocation 'SPREAD'"):
+        parse(placement_policy={"name": "compact", "collocation": "SPREAD"})
