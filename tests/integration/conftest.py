@@ -6,9 +6,8 @@ import subprocess
 from pathlib import Path
 
 import ansible_run
-import box_api
 import pytest
-from localcluster import cluster, registry, spec, train_image
+from localcluster import box_api, cluster, registry, spec, train_image
 
 ROOT = ansible_run.ROOT
 

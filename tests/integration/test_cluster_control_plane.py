@@ -9,11 +9,10 @@ import subprocess
 import sys
 import time
 
-import box_api
 import docker
 import pytest
 from conftest import ROOT, VM, run_playbook
-from localcluster import cluster, gce_firewall, images, spec
+from localcluster import box_api, cluster, gce_firewall, images, spec
 
 pytestmark = pytest.mark.cluster  # brings up a local cluster
 

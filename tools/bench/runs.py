@@ -24,7 +24,7 @@ import time
 from pathlib import Path
 
 import yaml
-from localcluster import cluster, registry, spec, train_image
+from localcluster import box_api, cluster, registry, spec, train_image
 
 from .results import Results
 
@@ -45,6 +45,9 @@ FAULTS = {
     # On the GCP path the firewall role names it (the API's address on the rule's network).
     "wrong NIC": {"expect": "which the rule is for", "vars": {"llamafactory_interface": "ext0"}},
     "blocked port": {"expect": "peer-unreachable", "vars": {}},
+    # The report's third fault on GCP: no rule lets the VMs reach each other (the box's project
+    # has no default-allow-internal); the preflight's run deletes the cut's rule itself.
+    "no firewall rule": {"expect": "peer-unreachable", "vars": {"gcp_firewall_state": "absent"}},
     "two nodes at rank 0": {"expect": "llamafactory_node_rank must be unique", "vars": {}},
 }
 BLOCK_RULE = "INPUT -i {nic} -p tcp -m conntrack --ctstate NEW --dport 30000:65535 -j DROP"
@@ -215,6 +218,7 @@ class BenchCluster:
         self.logs = logs
         self.state: dict = {}
         self.pull_vars: Path | None = None
+        self._box: box_api.Box | None = None
 
     def up(self) -> None:
         say(f"cluster {CLUSTER}: {len(self.definition.vms)} VMs")
@@ -234,6 +238,20 @@ class BenchCluster:
     @property
     def nodes(self) -> list[dict]:
         return self.state["nodes"]
+
+    @property
+    def box(self) -> box_api.Box:
+        """The cluster's Compute Engine API, as a GCP client reaches it."""
+        if self._box is None:
+            self._box = box_api.Box(self.state["gce"])
+        return self._box
+
+    def nodes_rule(self) -> dict:
+        """The firewall rule train.yml made between the first two VMs (bench-base's)."""
+        rule = self.box.rule(f"{self.inventory(2).name.removesuffix('.gcp')}-nodes")
+        if rule is None:
+            raise BenchError("the rule between the first two VMs is missing: train bench-base")
+        return rule
 
     def inventory(self, count: int, duplicate_rank: bool = False) -> Path:
         """The cluster's GCP-path inventory (the shipped dynamic inventory pointed at the box)
@@ -470,6 +488,11 @@ def time_to_cause(bench: BenchCluster, results: Results, reps: int, cap: float) 
                 blocked = nodes[:2] if case == "blocked port" else []
                 for vm in blocked:
                     vm_sh(vm["container"], f"iptables -I {BLOCK_RULE.format(nic=vm['nic'])}")
+                # The nodes' rule, deleted for the hand launch (the preflight's run deletes it
+                # itself) and put back after either.
+                rule = bench.nodes_rule() if case == "no firewall rule" else None
+                if rule is not None and variant == "hand":
+                    bench.box.delete_rule(rule["name"])
                 try:
                     if variant == "hand":
                         stem = bench.logs / f"hand-{slug(case)}-{rep}"
@@ -478,8 +501,10 @@ def time_to_cause(bench: BenchCluster, results: Results, reps: int, cap: float) 
                         figures = preflight_launch(bench, case, rep, cap)
                 finally:
                     for vm in blocked:
-                        rule = BLOCK_RULE.format(nic=vm["nic"])
-                        vm_sh(vm["container"], f"iptables -D {rule}", check=False)
+                        block = BLOCK_RULE.format(nic=vm["nic"])
+                        vm_sh(vm["container"], f"iptables -D {block}", check=False)
+                    if rule is not None and bench.box.rule(rule["name"]) is None:
+                        bench.box.insert_rule(rule)
                 results.add("time-to-cause", case, variant, rep, **figures)
                 say(
                     f"  {figures['seconds']} s ({figures.get('outcome', 'named')}): "

@@ -1,7 +1,9 @@
-"""A client of a local cluster's Compute Engine API (tools/localcluster/gce_control.py), reached
-as a GCP client reaches compute.googleapis.com: through the box's proxy, trusting its CA, with
-tokens from its OAuth2 endpoint for the service-account key it wrote. For tests that act behind
-the collection's back (stop a VM, widen or delete a rule) and read what the API holds."""
+"""A client of a local cluster's Compute Engine API (gce_control.py), reached as a GCP client
+reaches compute.googleapis.com: through the box's proxy, trusting its CA, with tokens from its
+OAuth2 endpoint for the service-account key it wrote. For the tests and the benchmarks, which
+act behind the collection's back (stop a VM, widen or delete a rule) and read what the API
+holds. Box(state["gce"]); an answer other than 200, or an operation that fails or outlasts its
+deadline, raises ClusterError."""
 
 from __future__ import annotations
 
@@ -10,6 +12,8 @@ import time
 import google.auth.transport.requests
 import google.oauth2.service_account
 import requests
+
+from .util import ClusterError
 
 SCOPES = ["https://www.googleapis.com/auth/compute"]
 API = "https://compute.googleapis.com/compute/v1/projects"
@@ -45,17 +49,20 @@ class Box:
 
     def call(self, method: str, url: str, **kwargs) -> dict:
         answer = self.session.request(method, url, timeout=30, **kwargs)
-        assert answer.status_code == 200, f"{method} {url}: {answer.status_code} {answer.text}"
+        if answer.status_code != 200:
+            raise ClusterError(f"{method} {url}: {answer.status_code} {answer.text}")
         return answer.json()
 
     def done(self, operation: dict, deadline_s: float = 120) -> dict:
         """Poll an operation (zonal or global, from its selfLink) until DONE; it must not fail."""
         started = time.monotonic()
         while operation["status"] != "DONE":
-            assert time.monotonic() - started < deadline_s, operation
+            if time.monotonic() - started > deadline_s:
+                raise ClusterError(f"operation not done after {deadline_s} s: {operation}")
             time.sleep(0.5)
             operation = self.call("GET", operation["selfLink"])
-        assert "error" not in operation, operation["error"]
+        if "error" in operation:
+            raise ClusterError(f"operation failed: {operation['error']}")
         return operation
 
     # -- instances ------------------------------------------------------------------------------
@@ -73,7 +80,8 @@ class Box:
         answer = self.session.get(f"{self.rules_url}/{name}", timeout=30)
         if answer.status_code == 404:
             return None
-        assert answer.status_code == 200, answer.text
+        if answer.status_code != 200:
+            raise ClusterError(f"GET {self.rules_url}/{name}: {answer.status_code} {answer.text}")
         return answer.json()
 
     def insert_rule(self, rule: dict) -> None:
