@@ -51,7 +51,7 @@ print(json.dumps(found))
 @pytest.fixture(scope="module")
 def fw_cluster():
     """Up with the locked-down rules; vm0 serves 'pong' on HOST_PORT and BRIDGE_PORT."""
-    boot = spec.load().firewall  # the definition's rules (no default-allow-internal), unshifted
+    boot = list(spec.load().firewall)  # the definition's rules (no default-allow-internal)
     definition = spec.load(
         name="fw",
         shift=5,

@@ -228,7 +228,7 @@ def _firewall(raw, shift: int) -> tuple[dict, ...]:
     """The definition's firewall rules, checked as GCE checks them, ranges moved by `shift`."""
     if raw is None:  # a fresh project's rules, as the default definition lists them
         raw = yaml.safe_load(DEFAULT_DEFINITION.read_text())["firewall"]
-    if not isinstance(raw, list):
+    if not isinstance(raw, (list, tuple)):
         _fail("firewall must be a list of compute#firewall rules (or left out for the defaults)")
     rules = []
     for index, rule in enumerate(raw):
