@@ -365,7 +365,7 @@ DEMO_PORT = 29500 + int(hashlib.sha1(b"demo", usedforsecurity=False).hexdigest()
             f"publish every port of the nodes, MASTER_PORT {DEMO_PORT} included",
         ),
         (
-            {"gcp_firewall_source": "ranges", "gcp_firewall_ranges": ["203.0.113.0/24"]},
+            {"gcp_firewall_source": "ranges", "gcp_firewall_ranges": ["34.64.0.0/10"]},
             "is not a private IPv4 range",
         ),
         ({"llamafactory_master_port": 22}, "llamafactory_master_port is 22: it must be from 1024"),
