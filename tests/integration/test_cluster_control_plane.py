@@ -71,23 +71,7 @@ def inventory(cp):
 
 def ssh(state, node):
     return subprocess.run(
-        [
-            "ssh",
-            "-i",
-            state["ssh_key"],
-            "-o",
-            "BatchMode=yes",
-            "-o",
-            "IdentitiesOnly=yes",
-            "-o",
-            f"UserKnownHostsFile={state['known_hosts']}",
-            "-o",
-            "StrictHostKeyChecking=yes",
-            "-o",
-            "ConnectTimeout=10",
-            f"{state['user']}@{node['external_address']}",
-            "hostname",
-        ],
+        cluster.ssh_command(state, node["external_address"], "hostname"),
         capture_output=True,
         text=True,
         timeout=60,

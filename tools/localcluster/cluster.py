@@ -157,9 +157,7 @@ def up(spec: ClusterSpec) -> dict:
         down(spec, quiet=True)
         raise
 
-    (directory / "known_hosts").write_text(
-        "".join(f"{n['external_address']} {n['host_key']}\n" for n in nodes)
-    )
+    write_known_hosts(directory, nodes)
     _check_ssh(state)
     (directory / "state.json").write_text(json.dumps(state, indent=2) + "\n")
     state = gce_control.start(directory)  # the fake Compute Engine API, as a service
@@ -429,9 +427,7 @@ def renew_external_address(spec: ClusterSpec, vm: VM, container, directory: Path
     tmp = path.with_suffix(".renew")
     tmp.write_text(json.dumps(state, indent=2) + "\n")
     tmp.replace(path)
-    (directory / "known_hosts").write_text(
-        "".join(f"{n['external_address']} {n['host_key']}\n" for n in state["nodes"])
-    )
+    write_known_hosts(directory, state["nodes"])
     write_inventory(spec, state)
     gce_metadata.publish(
         container.name, metadata_document(spec, vm, node["vpc_mac"], external_ip=address)
@@ -483,26 +479,36 @@ def _check_ssh(state: dict) -> None:
                 return sock.recv(64).startswith(b"SSH-")
 
         wait_until(f"{node['name']}: sshd on {address}", banner, deadline_s=BOOT_DEADLINE_S)
-        run(
-            [
-                "ssh",
-                "-i",
-                state["ssh_key"],
-                "-o",
-                "BatchMode=yes",
-                "-o",
-                "IdentitiesOnly=yes",
-                "-o",
-                f"UserKnownHostsFile={state['known_hosts']}",
-                "-o",
-                "StrictHostKeyChecking=yes",
-                "-o",
-                "ConnectTimeout=10",
-                f"{state['user']}@{address}",
-                "true",
-            ],
-            timeout=60,
-        )
+        run(ssh_command(state, address, "true"), timeout=60)
+
+
+def ssh_command(state: dict, address: str, *command: str) -> list[str]:
+    """ssh to a VM as the controller does: the cluster's key and login, its known_hosts checked
+    strictly, no password prompt."""
+    return [
+        "ssh",
+        "-i",
+        state["ssh_key"],
+        "-o",
+        "BatchMode=yes",
+        "-o",
+        "IdentitiesOnly=yes",
+        "-o",
+        f"UserKnownHostsFile={state['known_hosts']}",
+        "-o",
+        "StrictHostKeyChecking=yes",
+        "-o",
+        "ConnectTimeout=10",
+        f"{state['user']}@{address}",
+        *command,
+    ]
+
+
+def write_known_hosts(directory: Path, nodes: list[dict]) -> None:
+    """Each VM's host key under its external address (the address ssh is given)."""
+    (directory / "known_hosts").write_text(
+        "".join(f"{n['external_address']} {n['host_key']}\n" for n in nodes)
+    )
 
 
 def write_inventory(spec: ClusterSpec, state: dict) -> Path:
