@@ -131,6 +131,8 @@ class ActionModule(ActionBase):
             ),
             notes=plan.get("notes", []),
         )
+        if plan.get("warnings"):
+            result["warnings"] = list(plan["warnings"])
         return result
 
     @staticmethod

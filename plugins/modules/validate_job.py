@@ -81,18 +81,21 @@ RETURN = r"""
 plan:
   returned: success
   description:
-    - job, purpose, master_port, preflight_port, jobs_root, job_dir, output_dir, container
+    - job, purpose, master_port, preflight_port, agent_port (the ranks' agents, see the launch
+      role), jobs_root, job_dir, output_dir, container
       (empty for a doctor run without a job), nodes (the play's hosts in group order), ranks
       (host to node rank), master (the host of rank 0), nproc (processes per node), platform,
       gpus_per_node (host to GPU count).
     - For O(purpose=train) also config (the training config every node gets), copies (key,
-      src, dest, directory of each file to copy), digest and notes.
+      src, dest, directory of each file to copy), digest, notes and warnings (also the task's
+      warnings; a ddp_timeout above llamafactory_collective_timeout_max is lowered to it).
   type: dict
   sample:
     job: demo
     purpose: train
     master_port: 29949
     preflight_port: 49949
+    agent_port: 39949
     jobs_root: /var/lib/llamafactory/jobs
     job_dir: /var/lib/llamafactory/jobs/demo
     output_dir: /var/lib/llamafactory/jobs/demo/output

@@ -17,6 +17,19 @@ import re
 
 SIGNATURES = [
     {
+        "id": "peer-lost",
+        "example": "[hostnet.llamafactory agent] rank 0: stopping this rank: rank 1"
+        " (198.18.0.11:39949) has not answered for 31 s (peer_timeout 30 s): its node is gone,"
+        " frozen or cut off",
+        "pattern": r"\[hostnet\.llamafactory agent\] rank \d+: stopping this rank: (rank \d+ "
+        r"\([^)]*\)) (has not answered for \d+ s|never answered in \d+ s|exited with code \d+)",
+        "cause": "This rank was healthy; its agent stopped it because {0} {1}, so the job could "
+        "not go on without that rank.",
+        "fix": "Look at {0}: its log, its VM (preempted, stopped, frozen?) and the network "
+        "between the nodes. A restart resumes from the newest checkpoint every rank holds "
+        "(train.yml again, or launch_max_restarts).",
+    },
+    {
         "id": "bridge-address",
         "example": "NCCL WARN socketStartConnect: Connect to 172.17.0.2<49113> failed : Software"
         " caused connection abort",

@@ -46,8 +46,9 @@ def _on_shared(value, shared):
     return None
 
 
-def plan(user_config, config_path, job_dir, overrides=None, shared=()):
-    """{config, copies, output_dir, notes, digest} for one job; see the module docstring."""
+def plan(user_config, config_path, job_dir, overrides=None, shared=(), collective_timeout_max=None):
+    """{config, copies, output_dir, notes, warnings, digest} for one job; see the module
+    docstring. A ddp_timeout above collective_timeout_max is lowered to it, with a warning."""
     if not isinstance(user_config, dict):
         raise PlanError(
             "%s is not a LLaMA-Factory config: it must be a YAML mapping of options "
@@ -95,6 +96,22 @@ def plan(user_config, config_path, job_dir, overrides=None, shared=()):
     # Without a shared disk each node must hold a whole checkpoint (trainer state, scheduler,
     # adapter) next to its own ZeRO shard, or a resumed run fails on the other nodes.
     config.setdefault("save_on_each_node", True)
+    warnings = []
+    ddp_timeout = config.get("ddp_timeout")
+    if (
+        collective_timeout_max
+        and isinstance(ddp_timeout, (int, float))
+        and not isinstance(ddp_timeout, bool)
+        and ddp_timeout > collective_timeout_max
+    ):
+        # Upstream's examples set 180000000 s: a rank whose peer hangs would wait for years.
+        warnings.append(
+            "ddp_timeout %s in %s is lowered to %d s (llamafactory_collective_timeout_max): a "
+            "collective that hangs longer fails the job instead of waiting for years; raise "
+            "llamafactory_collective_timeout_max if a single step or save really takes longer"
+            % (ddp_timeout, os.path.basename(config_path), collective_timeout_max)
+        )
+        config["ddp_timeout"] = collective_timeout_max
     digest = hashlib.sha256()
     digest.update(json.dumps(config, sort_keys=True, default=str).encode())
     for copy in copies:
@@ -105,6 +122,7 @@ def plan(user_config, config_path, job_dir, overrides=None, shared=()):
         "copies": copies,
         "output_dir": config["output_dir"],
         "notes": notes,
+        "warnings": warnings,
         "digest": digest.hexdigest()[:16],
     }
 

@@ -512,6 +512,8 @@ _add(
 _add("llamafactory_pull_timeout", "int", _LF, default=3600, low=1)
 _add("llamafactory_progress_every", "int", _LF, default=30, low=1)
 _add("llamafactory_stop_timeout", "int", _LF, default=10, low=0)
+_add("llamafactory_collective_timeout_max", "int", _LF, default=3600, low=60)
+_add("llamafactory_rendezvous_timeout", "int", _LF, default=600, low=30)
 _add("llamafactory_nccl_ib_disable", "bool", _LF, default=True)
 _add(
     "llamafactory_nccl_debug",
@@ -559,6 +561,8 @@ _add("launch_wait", "bool", "launch", default=True)
 _add("launch_wait_timeout", "int", "launch", default=86400, low=1)
 _add("launch_stall_timeout", "int", "launch", default=1800, low=0)
 _add("launch_poll_interval", "int", "launch", default=10, low=1)
+_add("launch_peer_timeout", "int", "launch", default=120, low=0)
+_add("launch_agent_port", "int", "launch", nullable=True, low=1024, high=65535)
 _add("launch_results_dir", "path", "launch", check=_controller_path)
 
 _add("job_admin_cleanup_outputs", "bool", "job_admin", default=False)
@@ -606,6 +610,7 @@ SAME_ON_EVERY_NODE = (
     "llamafactory_platform",
     "llamafactory_jobs_root",
     "preflight_port",
+    "launch_agent_port",
 )
 
 
@@ -783,6 +788,10 @@ def derive_master_port(job):
 
 def derive_preflight_port(master_port):
     return master_port + 20000 if master_port < 45000 else master_port - 20000
+
+
+def derive_agent_port(master_port):
+    return master_port + 10000 if master_port < 55000 else master_port - 10000
 
 
 def _names_problems(play_names, per_host, known, ignore):
@@ -1055,6 +1064,14 @@ def validate(
             "preflight_port is %d, the same as llamafactory_master_port: give another port (or "
             "leave it unset: MASTER_PORT + 20000)" % preflight_port
         )
+    agent_port = values["launch_agent_port"]
+    if agent_port is None:
+        agent_port = derive_agent_port(master_port)
+    elif agent_port in (master_port, preflight_port):
+        note(
+            "launch_agent_port is %d, the same as llamafactory_master_port or preflight_port: "
+            "give another port (or leave it unset: MASTER_PORT + 10000)" % agent_port
+        )
     jobs_root = (values["llamafactory_jobs_root"] or "").rstrip("/") or "/"
     job_dir = "%s/%s" % (jobs_root, job if job else ".doctor")
 
@@ -1063,6 +1080,7 @@ def validate(
         "purpose": purpose,
         "master_port": master_port,
         "preflight_port": preflight_port,
+        "agent_port": agent_port,
         "jobs_root": jobs_root,
         "job_dir": job_dir,
         "output_dir": "%s/output" % job_dir,
@@ -1094,7 +1112,12 @@ def validate(
             if not found:
                 try:
                     planned = train_plan(
-                        config, path, job_dir, overrides, values["llamafactory_shared_mounts"]
+                        config,
+                        path,
+                        job_dir,
+                        overrides,
+                        values["llamafactory_shared_mounts"],
+                        collective_timeout_max=values["llamafactory_collective_timeout_max"],
                     )
                 except PlanError as exc:
                     add(["llamafactory_config: %s" % exc])
@@ -1104,6 +1127,7 @@ def validate(
                         copies=planned["copies"],
                         digest=planned["digest"],
                         notes=planned["notes"],
+                        warnings=planned["warnings"],
                         output_dir=planned["output_dir"],
                     )
     if problems:

@@ -2,6 +2,7 @@
 shared read-only."""
 
 import json
+import os
 import subprocess
 from pathlib import Path
 
@@ -14,11 +15,14 @@ ROOT = ansible_run.ROOT
 
 @pytest.fixture(scope="session")
 def test_cluster():
-    """The default definition as cluster 'test', moved off the demo's subnets."""
+    """The default definition as cluster 'test', moved off the demo's subnets. KEEP_CLUSTER=1
+    leaves it up for the next session (a developer's loop; `./dev cluster down --name test
+    --shift 1` ends it)."""
     definition = spec.load(name="test", shift=1)
     state = cluster.up(definition)
     yield definition, state
-    cluster.down(definition)
+    if os.environ.get("KEEP_CLUSTER") != "1":
+        cluster.down(definition)
 
 
 class VM:

@@ -416,6 +416,26 @@ CATALOGUE = [
     case("stall-timeout", {"launch_stall_timeout": -1}, "launch_stall_timeout", "at least 0"),
     case("poll-interval", {"launch_poll_interval": 0}, "launch_poll_interval", "at least 1"),
     case("results-dir", {"launch_results_dir": "/r\nx"}, "launch_results_dir", "one line"),
+    case("peer-timeout", {"launch_peer_timeout": -1}, "launch_peer_timeout", "at least 0"),
+    case("agent-port", {"launch_agent_port": 80}, "launch_agent_port", "from 1024 to 65535"),
+    case(
+        "agent-port-clash",
+        {"llamafactory_master_port": 30000, "launch_agent_port": 30000},
+        "launch_agent_port",
+        "give another port",
+    ),
+    case(
+        "collective-timeout",
+        {"llamafactory_collective_timeout_max": 10},
+        "llamafactory_collective_timeout_max",
+        "at least 60",
+    ),
+    case(
+        "rendezvous-timeout",
+        {"llamafactory_rendezvous_timeout": "soon"},
+        "llamafactory_rendezvous_timeout",
+        "a whole number",
+    ),
     case(
         "cleanup-outputs",
         {"job_admin_cleanup_outputs": "x"},
@@ -700,11 +720,13 @@ def test_the_good_defaults_give_the_expected_plan():
     assert plan["master_port"] == 29949
     assert plan["preflight_port"] == 49949
     job_dir = "/var/lib/llamafactory/jobs/demo"
-    assert {k: plan[k] for k in plan if k not in ("config", "copies", "digest", "notes")} == {
+    excluded = ("config", "copies", "digest", "notes", "warnings")
+    assert {k: plan[k] for k in plan if k not in excluded} == {
         "job": "demo",
         "purpose": "train",
         "master_port": 29949,
         "preflight_port": 49949,
+        "agent_port": 39949,
         "jobs_root": "/var/lib/llamafactory/jobs",
         "job_dir": job_dir,
         "output_dir": job_dir + "/output",
@@ -740,6 +762,28 @@ def test_the_job_name_and_port_come_from_the_config_file_name(tmp_path):
     plan, problems = check({"llamafactory_master_port": 45000, "preflight_port": None})
     assert problems == []
     assert (plan["master_port"], plan["preflight_port"]) == (45000, 25000)
+    plan, problems = check({"llamafactory_master_port": 58000})
+    assert (plan["preflight_port"], plan["agent_port"]) == (38000, 48000)
+
+
+def test_a_ddp_timeout_above_the_ceiling_is_lowered_with_a_warning():
+    """The demo's config keeps upstream's ddp_timeout: 180000000 (5.7 years)."""
+    plan, problems = check()
+    assert problems == []
+    assert plan["config"]["ddp_timeout"] == 3600
+    assert plan["warnings"] == [
+        "ddp_timeout 180000000 in llama3_lora_sft_ds3.yaml is lowered to 3600 s "
+        "(llamafactory_collective_timeout_max): a collective that hangs longer fails the job "
+        "instead of waiting for years; raise llamafactory_collective_timeout_max if a single "
+        "step or save really takes longer"
+    ]
+    plan, problems = check(
+        {
+            "llamafactory_collective_timeout_max": 7200,
+            "llamafactory_train_overrides": {"ddp_timeout": 600},
+        }
+    )
+    assert problems == [] and plan["config"]["ddp_timeout"] == 600 and plan["warnings"] == []
 
 
 def test_admin_and_doctor_do_not_read_the_config():

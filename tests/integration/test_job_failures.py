@@ -1,0 +1,113 @@
+"""Jobs that end on their own when a node is lost, with the controller gone, and re-attaching
+to them (real LLaMA-Factory ranks on the session's cluster, under their agents)."""
+
+import json
+import time
+
+import pytest
+from conftest import JOBS, PULL_VARS, container, play, run_playbook, summarize
+from test_launch import logs, trainer_steps
+
+pytestmark = pytest.mark.cluster
+
+LONG = {"max_steps": 400, "save_steps": 1000}  # still training when the node vanishes
+BOUND = 30  # launch_peer_timeout of this test
+
+
+def wait_until(predicate, seconds, what):
+    deadline = time.monotonic() + seconds
+    while time.monotonic() < deadline:
+        value = predicate()
+        if value:
+            return value
+        time.sleep(1)
+    raise AssertionError(f"not within {seconds} s: {what}")
+
+
+def attach(inventory, tmp_path, job, timeout=600):
+    result, _facts, _results = run_playbook(
+        inventory,
+        tmp_path,
+        "playbooks/wait.yml",
+        {
+            **PULL_VARS,
+            "llamafactory_job": job,
+            "launch_results_dir": str(tmp_path.parent / "results"),
+            "llamafactory_train_overrides": LONG,
+        },
+        timeout=timeout,
+    )
+    return summarize(result)
+
+
+def shown(events):
+    return "\n".join(str(e.get("stdout", "")) for e in events)
+
+
+def test_a_vanished_node_ends_the_job_within_the_bound_without_the_controller(
+    train_cluster, tmp_path
+):
+    inventory, (vm0, vm1) = train_cluster
+    job = "e2e-vanish"
+    rc, _stats, failures, events = play(
+        inventory,
+        tmp_path / "start",
+        job,
+        launch_wait=False,
+        launch_peer_timeout=BOUND,
+        llamafactory_train_overrides=LONG,
+    )
+    assert rc == 0, failures
+    assert "re-attach with playbooks/wait.yml" in shown(events).lower()
+    assert all(container(vm, job)["State"]["Running"] for vm in (vm0, vm1))
+    # Every other wait is bounded too: torchrun's rendezvous, and the collective timeout (the
+    # demo's config keeps upstream's ddp_timeout: 180000000, lowered with a warning).
+    assert "ddp_timeout 180000000 in llama3_lora_sft_ds3.yaml is lowered to 3600 s" in shown(events)
+    assert "ddp_timeout: 3600" in vm0.sh(f"cat {JOBS}/{job}/config.yaml").stdout
+    env = vm0.sh(f"cat {JOBS}/{job}/env").stdout.splitlines()
+    assert "PET_RDZV_CONF=timeout=600,join_timeout=600" in env
+    wait_until(lambda: trainer_steps(vm0, job), 300, "the first step")
+
+    # Re-attach, then the controller is killed in the middle of its wait (ansible-runner's
+    # timeout kills ansible-playbook): the ranks go on, with progress shown until then.
+    rc, _stats, _failures, events = attach(inventory, tmp_path / "attach", job, timeout=45)
+    assert rc != 0  # killed
+    assert f"[{job}] step " in shown(events)
+    assert all(container(vm, job)["State"]["Running"] for vm in (vm0, vm1))
+
+    agent = json.loads(vm0.sh(f"cat {JOBS}/{job}/agent.json").stdout)
+    address0, address1 = agent["address"], agent["peers"]["1"]
+    # vm1 vanishes: every packet between it and vm0 dropped, its rank frozen (no reset sent).
+    cut = f"iptables -I INPUT -s {address0} -j DROP && iptables -I OUTPUT -d {address0} -j DROP"
+    vm1.sh(f"{cut} && docker pause llamafactory-{job}")
+    vanished = time.monotonic()
+    try:
+        wait_until(
+            lambda: not container(vm0, job)["State"]["Running"],
+            BOUND + 120,
+            "rank 0 stopped after rank 1 vanished",
+        )
+        took = time.monotonic() - vanished
+        print(f"BENCH peer-lost-bound {BOUND} s: rank 0 exited {took:.1f} s after the cut")
+        # The bound, one poll interval, one unanswered ask, the stop (SIGTERM) and the polls here.
+        assert BOUND <= took <= BOUND + 5 + 3 + 10 + 15
+        assert container(vm0, job)["State"]["ExitCode"] == 75
+        line = next(line for line in logs(vm0, job).splitlines() if "stopping this rank" in line)
+        assert f"rank 0: stopping this rank: rank 1 ({address1}:{agent['port']}) has not " in line
+    finally:
+        vm1.sh(
+            f"docker unpause llamafactory-{job}; "
+            f"iptables -D INPUT -s {address0} -j DROP; iptables -D OUTPUT -d {address0} -j DROP",
+            check=False,
+        )
+    # Rank 1 comes back to a job that is over: its agent stops it too.
+    wait_until(lambda: not container(vm1, job)["State"]["Running"], 120, "rank 1 stopped")
+
+    # Re-attaching to the failed job reports it at once, with the cause.
+    started = time.monotonic()
+    rc, _stats, failures, _events = attach(inventory, tmp_path / "again", job)
+    assert rc != 0
+    assert time.monotonic() - started < 60
+    message = failures["vm0"]["msg"]
+    assert message.startswith(f"job {job} failed at step"), message
+    assert "(peer-lost)" in message and f"rank 1 ({address1}:" in message
