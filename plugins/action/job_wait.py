@@ -71,7 +71,13 @@ class ActionModule(ActionBase):
         stale_after = max(120.0, 6 * args["interval"])
         started = time.time()
         shown, shown_at = None, 0.0
+        controller = os.getppid()  # ansible-playbook's main process (this runs in its fork)
         while True:
+            if os.getppid() != controller:
+                # The controller was killed (not Ctrl-C, which ends its forks too): leave the
+                # job alone; the ranks' agents watch each other (see roles/launch).
+                result.update(failed=True, state="unknown", msg="the controller went away")
+                return result
             report = self._query(args)
             now = time.time()
             report.update(rank=ranks[host], received=now)
@@ -197,9 +203,13 @@ class ActionModule(ActionBase):
                 first,
                 outcome["reasons"][first],
             )
+        findings = diagnosis.diagnose(
+            dict((h, "\n".join(r.get("log_lines") or [])) for h, r in reports.items())
+        )
         result.update(
             msg=message,
-            failed_ranks=[reports[h].get("rank") for h in outcome["failed"]],
+            failed_ranks=[reports[h].get("rank") for h in outcome.get("failed", [])],
             progress=outcome.get("progress"),
+            restart=job.restart_advice(outcome, reports, findings),
         )
         return result

@@ -25,6 +25,9 @@ description:
   - When no rank writes a log line for O(stall_timeout) seconds (a rendezvous that never
     completes), every rank is stopped as well.
   - At O(timeout) the task fails and leaves the job running.
+  - When the controller's ansible-playbook is killed, its forks would go on waiting with no one to
+    report to; each instance notices that its parent process went away, and ends without touching
+    the job (the ranks' agents, see the launch role, watch each other).
   - Why not C(until)/C(retries) - retries run per host and cannot stop one host's container
     because another host's rank died.
 author:
@@ -128,4 +131,21 @@ failed_ranks:
   type: list
   elements: int
   sample: [1, 0]
+restart:
+  description:
+    - Whether relaunching from the newest checkpoint every rank holds can cure the failure (the
+      launch role's C(launch_max_restarts) acts on rank 0's) - V(restartable), V(kind) (lost,
+      killed, peer-lost, network; or why not), V(cause) (the first failing rank), V(step) (the
+      newest step logged) and V(why).
+    - A rank killed, a node lost, a rank stopped by its agent because another was lost, or a
+      log that names only a lost peer are restartable; a rank that failed on its own, ran out
+      of memory or was stopped with SIGTERM, and a stalled job are not.
+  returned: failure
+  type: dict
+  sample:
+    restartable: true
+    kind: killed
+    cause: rank 1 (vm1) killed (SIGKILL, exit 137)
+    step: 23
+    why: a killed rank can be started again
 """

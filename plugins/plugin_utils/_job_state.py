@@ -214,6 +214,58 @@ def failure_message(job, result, reports, diagnose=None, lines=15):
     return "\n".join(text)
 
 
+# Diagnosis findings that say a rank failed because another one went away, not on its own.
+TRANSIENT_FINDINGS = ("peer-crashed", "peer-lost", "collective-timeout")
+EXIT_PEER_LOST = 75  # roles/launch/files/rank_agent.py: stopped because another rank was lost
+
+
+def restart_advice(result, reports, findings=()):
+    """Whether relaunching from the newest checkpoint every rank holds can cure a failed wait:
+    {restartable, kind, cause, step, why}. A rank killed, a node lost or unreachable, a rank its
+    agent stopped because another was lost, a collective that timed out: yes. A rank that
+    failed on its own (a bad config, a missing dataset, an error in the code, out of memory), a
+    deliberate stop (SIGTERM) or a stall: no, it would fail again."""
+    progress = result.get("progress") or {}
+    step = progress.get("step")
+    if result.get("state") == "stalled":
+        return {
+            "restartable": False,
+            "kind": "stalled",
+            "cause": "no rank wrote a log line for %.0f s" % result.get("quiet", 0),
+            "step": step,
+            "why": "a stalled job (often a rendezvous that never completes) would stall again",
+        }
+    first = result["failed"][0]
+    reason = result["reasons"][first]
+    container = (reports.get(first) or {}).get("container") or {}
+    code = container.get("exit_code")
+    cause = "rank %s (%s) %s" % ((reports.get(first) or {}).get("rank"), first, reason)
+    ids = set(f["id"] for f in findings)
+    advice = {"restartable": False, "kind": reason, "cause": cause, "step": step}
+    if reason == "stopped answering" or reason.startswith(("could not be queried", "lost its")):
+        advice.update(restartable=True, kind="lost", why="its node or its container was lost")
+    elif container.get("oom_killed"):
+        advice["why"] = "out of memory: the same step needs the same memory again"
+    elif code == 137:
+        advice.update(restartable=True, kind="killed", why="a killed rank can be started again")
+    elif code == 143:
+        advice["why"] = "stopped on purpose (SIGTERM: playbooks/stop.yml or docker stop)"
+    elif code == EXIT_PEER_LOST:
+        advice.update(restartable=True, kind="peer-lost", why="another rank was lost")
+    elif ids and ids <= set(TRANSIENT_FINDINGS):
+        advice.update(
+            restartable=True,
+            kind="network",
+            why="its log says a peer went away (%s)" % ", ".join(sorted(ids)),
+        )
+    else:
+        advice["why"] = (
+            "it failed on its own (exit %s): a bad config, a missing dataset or an error in "
+            "the training would fail again" % code
+        )
+    return advice
+
+
 def condense(lines):
     """Log lines without the repeats (warnings printed every step), each kept where it last
     appeared, noting how many went."""

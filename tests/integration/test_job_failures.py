@@ -44,6 +44,17 @@ def shown(events):
     return "\n".join(str(e.get("stdout", "")) for e in events)
 
 
+def said(events):
+    """Every task's msg and warnings (not wrapped as the callback prints them)."""
+    found = []
+    for event in events:
+        res = (event.get("event_data") or {}).get("res") or {}
+        found.extend(str(w) for w in res.get("warnings") or [])
+        if "msg" in res:
+            found.append(str(res["msg"]))
+    return "\n".join(found)
+
+
 def test_a_vanished_node_ends_the_job_within_the_bound_without_the_controller(
     train_cluster, tmp_path
 ):
@@ -58,11 +69,11 @@ def test_a_vanished_node_ends_the_job_within_the_bound_without_the_controller(
         llamafactory_train_overrides=LONG,
     )
     assert rc == 0, failures
-    assert "re-attach with playbooks/wait.yml" in shown(events).lower()
+    assert "Re-attach with playbooks/wait.yml" in said(events)
     assert all(container(vm, job)["State"]["Running"] for vm in (vm0, vm1))
     # Every other wait is bounded too: torchrun's rendezvous, and the collective timeout (the
     # demo's config keeps upstream's ddp_timeout: 180000000, lowered with a warning).
-    assert "ddp_timeout 180000000 in llama3_lora_sft_ds3.yaml is lowered to 3600 s" in shown(events)
+    assert "ddp_timeout 180000000 in llama3_lora_sft_ds3.yaml is lowered to 3600 s" in said(events)
     assert "ddp_timeout: 3600" in vm0.sh(f"cat {JOBS}/{job}/config.yaml").stdout
     env = vm0.sh(f"cat {JOBS}/{job}/env").stdout.splitlines()
     assert "PET_RDZV_CONF=timeout=600,join_timeout=600" in env
@@ -110,4 +121,6 @@ def test_a_vanished_node_ends_the_job_within_the_bound_without_the_controller(
     assert time.monotonic() - started < 60
     message = failures["vm0"]["msg"]
     assert message.startswith(f"job {job} failed at step"), message
-    assert "(peer-lost)" in message and f"rank 1 ({address1}:" in message
+    assert "Cause (peer-lost, vm0)" in message and f"rank 1 ({address1}:" in message
+    # Stopped by its own agent, not by a fork of the killed controller.
+    assert "rank 1 (vm1) stopped (SIGTERM" not in message

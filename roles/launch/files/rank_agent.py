@@ -205,11 +205,20 @@ class Agent:
         log(f"rank {self.settings['rank']}: signal {signum}, stopping the training")
 
     def linger(self):
-        """Keep answering until every peer saw the end (or 2 intervals + 2 s)."""
-        deadline = time.time() + 2 * self.settings["interval"] + 2
+        """Keep answering until every peer still answering saw the end (at most 2 intervals +
+        2 s): a peer that is gone is not waited for."""
+        interval = self.settings["interval"]
+        deadline = time.time() + 2 * interval + 2
         while time.time() < deadline:
-            done = all((p.state or {}).get("state") == "exited" for p in self.peers)
-            if done:
+            now = time.time()
+            waiting = [
+                p
+                for p in self.peers
+                if (p.state or {}).get("state") != "exited"
+                and p.last_seen is not None
+                and now - p.last_seen <= 2 * interval
+            ]
+            if not waiting:
                 return
             time.sleep(1)
             self.poll_peers(time.time())

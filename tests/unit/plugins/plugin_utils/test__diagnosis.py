@@ -31,6 +31,7 @@ def log(name: str) -> str:
         ("master-unreachable", "master-unreachable", "198.19.0.10:29555", "internal address"),
         ("bridge-gloo", "gloo-bridge-address", "Gloo dials 172.17.0.2", "host networking"),
         ("peer-crashed", "peer-crashed", "198.18.0.11 went away", "first rank that failed"),
+        ("peer-lost", "peer-lost", "rank 1 (198.18.32.11:39573) has not answered for 37 s", "VM"),
         ("nccl-ib-wrong-type", "nccl-ib-wrong-type", "issue #3641", "NCCL_IB_DISABLE=1"),
         ("collective-timeout", "collective-timeout", "waited past its timeout", "ddp_timeout"),
         ("no-route", "no-route", "no route to a peer", "gcp_firewall"),

@@ -400,3 +400,91 @@ def test_a_rank_that_cannot_be_queried_fails_the_job():
 
 def test_verdict_of_no_reports():
     assert job.verdict({}, NOW, 600, 120)["line"] == "no ranks"
+
+
+def advice_of(reports, now=NOW):
+    result = job.verdict(reports, now, 600, 120)
+    findings = diagnose(dict((h, "\n".join(r.get("log_lines") or [])) for h, r in reports.items()))
+    return job.restart_advice(result, reports, findings)
+
+
+def test_a_killed_rank_is_restartable_and_named():
+    advice = advice_of(
+        {
+            "vm0": report("exited-1", 0, log="peer-killed", received=NOW),
+            "vm1": report("killed-137", 1, log="killed", received=NOW),
+        }
+    )
+    assert advice["restartable"] and advice["kind"] == "killed"
+    assert advice["cause"] == "rank 1 (vm1) killed (SIGKILL, exit 137)"
+
+
+def test_a_lost_node_is_restartable():
+    advice = advice_of(
+        {
+            "vm0": report("running", 0, received=NOW, last_output_at=NOW - 1),
+            "vm1": report("running", 1, received=NOW - 300),
+        }
+    )
+    assert advice["restartable"] and advice["kind"] == "lost"
+    assert advice["cause"] == "rank 1 (vm1) stopped answering"
+
+
+def with_exit(code, rank, log_lines=(), oom=False):
+    r = report("running", rank, received=NOW)
+    r["container"] = dict(r["container"], state="exited", exit_code=code, oom_killed=oom)
+    r["log_lines"] = list(log_lines)
+    return r
+
+
+AGENT_LINE = (
+    "[hostnet.llamafactory agent] rank 0: stopping this rank: rank 1 (198.18.0.11:39949) has "
+    "not answered for 31 s (peer_timeout 30 s): its node is gone, frozen or cut off"
+)
+
+
+@pytest.mark.parametrize(
+    ("code", "lines", "oom", "restartable", "kind", "why"),
+    [
+        (75, [AGENT_LINE], False, True, "peer-lost", "another rank was lost"),
+        (
+            1,
+            ["Connection closed by peer [198.18.0.11]:29351. This is typically caused by a remote"],
+            False,
+            True,
+            "network",
+            "peer-crashed",
+        ),
+        (
+            1,
+            ["ValueError: Cannot find dataset nope in dataset_info.json"],
+            False,
+            False,
+            "",
+            "on its own",
+        ),
+        (1, [], False, False, "", "exit 1"),
+        (137, [], True, False, "", "out of memory"),
+        (143, [], False, False, "", "stopped on purpose"),
+    ],
+)
+def test_what_a_restart_can_cure(code, lines, oom, restartable, kind, why):
+    advice = advice_of(
+        {"vm0": with_exit(code, 0, lines, oom), "vm1": report("running", 1, received=NOW)}
+    )
+    assert advice["restartable"] is restartable
+    if kind:
+        assert advice["kind"] == kind
+    assert why in advice["why"]
+
+
+def test_a_stalled_job_is_not_restarted():
+    started = node.container_state(inspect("running"))["started_at"]
+    reports = {
+        "vm0": report("running", 0, received=started + 1000, last_output_at=started + 10),
+        "vm1": report("running", 1, received=started + 1000, last_output_at=started + 10),
+    }
+    result = job.verdict(reports, started + 1000, 600, 120)
+    assert result["state"] == "stalled"
+    advice = job.restart_advice(result, reports)
+    assert not advice["restartable"] and advice["kind"] == "stalled"
