@@ -15,6 +15,7 @@ PREFIXES = (
     "preflight_",
     "job_admin_",
     "gcp_firewall_",
+    "gcp_instances_",
     "discover_network_",
     "docker_engine_",
     "nvidia_container_toolkit_",

@@ -473,6 +473,18 @@ def _url(label, value):
     return []
 
 
+LABEL_KEY_RE = re.compile(r"^[a-z][a-z0-9_-]{0,62}$")  # Compute Engine's label keys
+
+
+def _label_key(label, value):
+    if not LABEL_KEY_RE.match(value or ""):
+        return [
+            "%s is %r: a Compute Engine label key is 1-63 lower-case letters, digits, _ and -, "
+            "starting with a letter" % (label, value)
+        ]
+    return []
+
+
 # -- the schema ---------------------------------------------------------------------------
 
 SCHEMA = {}
@@ -567,6 +579,12 @@ _add("launch_agent_port", "int", "launch", nullable=True, low=1024, high=65535)
 _add("launch_results_dir", "path", "launch", check=_controller_path)
 
 _add("job_admin_cleanup_outputs", "bool", "job_admin", default=False)
+
+_GI = "gcp_instances"
+_add("gcp_instances_when_done", "str", _GI, default="keep", choices=("keep", "stop", "delete"))
+_add("gcp_instances_when_failed", "str", _GI, default="keep", choices=("keep", "stop", "delete"))
+_add("gcp_instances_label", "str", _GI, default="llamafactory-job", check=_label_key)
+_add("gcp_instances_timeout", "int", _GI, default=600, low=1)
 
 _GF = "gcp_firewall"
 _add("gcp_firewall_state", "str", _GF, default="present", choices=("present", "absent"))

@@ -92,6 +92,8 @@ Plain requests to /_fake/... are the tests' control API: GET requests (the log: 
 method, host, path, query, body, status, response and, for an operation, its status), DELETE
 requests, GET history (every entry since the start, which neither reset nor DELETE clears),
 POST reset, POST config ({"operation_seconds": N or null for never, "deny": [PERMISSION...],
+"start_capacity_errors": N (the next N instances.start operations end DONE with the error
+ZONE_RESOURCE_POOL_EXHAUSTED, the instance left TERMINATED, as a zone's stock-out does),
 "projects": {P: [NETWORK...]}, "page_size": N or null: at most N items a list's page, as the
 real API may return fewer than maxResults}), GET firewalls, PUT firewalls/P/NAME (edit a rule behind
 the API's back, as someone in the console would; kind, id, creationTimestamp, name and selfLink
@@ -172,6 +174,27 @@ STANDARD_QUERY = {
 LIST_QUERY = ("filter", "maxResults", "orderBy", "pageToken")
 
 
+class CapacityError(Exception):
+    """A start the zone has no room for: the operation ends DONE with GCE's error entry (the
+    instance stays TERMINATED), as Compute Engine reports a stock-out."""
+
+    def __init__(self, project, zone):
+        super().__init__(zone)
+        self.entry = {
+            "code": "ZONE_RESOURCE_POOL_EXHAUSTED",
+            "message": f"The zone 'projects/{project}/zones/{zone}' does not have enough "
+            "resources available to fulfill the request. Try a different zone, or try again "
+            "later.",
+        }
+
+    @classmethod
+    def raise_for(cls, project, zone):
+        def apply():
+            raise cls(project, zone)
+
+        return apply
+
+
 class ApiError(Exception):
     def __init__(self, code, reason, message, status=None):
         super().__init__(message)
@@ -229,6 +252,7 @@ class Compute:
             self.operations = {}  # (project, name) -> [operation, done_at or None, apply]
             self.deny = set()
             self.operation_seconds = 0.0
+            self.start_capacity_errors = 0
             self.log = []
 
     def configure(self, config):
@@ -243,6 +267,8 @@ class Compute:
             if "page_size" in config:
                 size = config["page_size"]
                 self.page_size = None if size is None else max(1, int(size))
+            if "start_capacity_errors" in config:
+                self.start_capacity_errors = max(0, int(config["start_capacity_errors"]))
 
     # -- the API --------------------------------------------------------------------------------
 
@@ -614,7 +640,11 @@ class Compute:
 
     def _finish(self, project, name):
         operation, _done_at, apply = self.operations[(project, name)]
-        apply()
+        try:
+            apply()
+        except CapacityError as error:
+            operation["error"] = {"errors": [error.entry]}
+            operation.update(httpErrorStatusCode=503, httpErrorMessage="SERVICE UNAVAILABLE")
         operation.update(status="DONE", progress=100, endTime=now())
         operation.setdefault("startTime", operation["endTime"])
         if self.backend is not None and "/global/firewalls/" in operation["targetLink"]:
@@ -674,6 +704,11 @@ class Compute:
         args = (self._checked_labels(instance, body),) if verb == "setLabels" else ()
         if verb == "reset" and instance["status"] != "RUNNING":
             raise ApiError(400, "resourceNotReady", f"The resource '{resource}' is not ready")
+        if verb == "start" and self.start_capacity_errors:
+            self.start_capacity_errors -= 1
+            return self._operation(
+                project, kind, instance, CapacityError.raise_for(project, zone), zone=zone
+            )
         if self.backend is not None:
             apply = functools.partial(getattr(self.backend, method_name), name, *args)
             return self._operation(project, kind, instance, apply, zone=zone, background=True)

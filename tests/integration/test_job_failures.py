@@ -24,7 +24,7 @@ def wait_until(predicate, seconds, what):
     raise AssertionError(f"not within {seconds} s: {what}")
 
 
-def attach(inventory, tmp_path, job, timeout=600):
+def attach(inventory, tmp_path, job, timeout=600, overrides=LONG, **extravars):
     result, _facts, _results = run_playbook(
         inventory,
         tmp_path,
@@ -33,7 +33,8 @@ def attach(inventory, tmp_path, job, timeout=600):
             **PULL_VARS,
             "llamafactory_job": job,
             "launch_results_dir": str(tmp_path.parent / "results"),
-            "llamafactory_train_overrides": LONG,
+            "llamafactory_train_overrides": overrides,
+            **extravars,
         },
         timeout=timeout,
     )
@@ -124,3 +125,46 @@ def test_a_vanished_node_ends_the_job_within_the_bound_without_the_controller(
     assert "Cause (peer-lost, vm0)" in message and f"rank 1 ({address1}:" in message
     # Stopped by its own agent, not by a fork of the killed controller.
     assert "rank 1 (vm1) stopped (SIGTERM" not in message
+
+
+def test_vms_stop_when_the_job_is_done_and_only_labelled_ones_are_deleted(
+    train_cluster, box, tmp_path
+):
+    """gcp_instances_when_done: stop - TERMINATED through the API once the results are on the
+    controller; then, re-attached with delete, VMs the launch did not label are refused."""
+    inventory, vms = train_cluster
+    job = "e2e-done"
+    short = {"max_steps": 4}
+    try:
+        rc, _stats, failures, events = play(
+            inventory,
+            tmp_path / "train",
+            job,
+            gcp_instances_when_done="stop",
+            llamafactory_train_overrides=short,
+        )
+        assert rc == 0, failures
+        assert (tmp_path / "results" / job / "trainer_log.jsonl").is_file()
+        for vm in vms:
+            assert box.instance(vm.name)["status"] == "TERMINATED"
+            assert (
+                f"{vm.name} ({vm.name}, {box.zone}): RUNNING -> TERMINATED (stop) "
+                "(gcp_instances_when_done: stop)" in said(events)
+            )
+        tasks = [e["event_data"]["task"] for e in events if e.get("event") == "runner_on_ok"]
+        assert tasks.index("Fetch the training log and the loss plot") < tasks.index(
+            "Stop or delete the VM through the Compute Engine API"
+        )
+    finally:
+        for vm in vms:
+            if box.instance(vm.name)["status"] != "RUNNING":
+                box.act(vm.name, "start")
+    rc, _stats, failures, events = attach(
+        inventory, tmp_path / "delete", job, overrides=short, gcp_instances_when_done="delete"
+    )
+    assert rc != 0
+    message = failures["vm0"]["msg"]
+    assert "not deleted: it lacks the labels that make it this job's own" in message
+    assert f"llamafactory-job={job} (has none)" in message
+    for vm in vms:
+        assert box.instance(vm.name)["status"] == "RUNNING"

@@ -31,6 +31,7 @@ class Box:
         )
         self._configure(self.session, gce)
         self.project_url = f"{API}/{gce['project']}"
+        self.zone = gce["zone"]
         self.zone_url = f"{self.project_url}/zones/{gce['zone']}"
         self.rules_url = f"{self.project_url}/global/firewalls"
 

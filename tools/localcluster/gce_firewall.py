@@ -318,9 +318,10 @@ def vm_views(state: dict) -> dict[str, dict]:
 
 
 def enforce(state: dict, rules: list[dict], deadline_s: float = APPLY_DEADLINE_S) -> None:
-    """Apply `rules` to every VM of a cluster state at once, each within `deadline_s`;
-    ClusterError naming every VM that failed."""
-    views = vm_views(state)
+    """Apply `rules` to every running VM of a cluster state at once, each within `deadline_s`;
+    ClusterError naming every VM that failed. A stopped VM gets them when it starts
+    (gce_control: a started VM's filter is set again)."""
+    views = {c: vm for c, vm in vm_views(state).items() if is_running(c)}
     scripts = {container: render(rules, vm) for container, vm in views.items()}
     started = time.monotonic()
     with ThreadPoolExecutor(max_workers=min(8, len(scripts)) or 1) as pool:
@@ -338,6 +339,11 @@ def enforce(state: dict, rules: list[dict], deadline_s: float = APPLY_DEADLINE_S
             f"firewall rules not applied ({time.monotonic() - started:.1f} s) on "
             + "; ".join(problems)
         )
+
+
+def is_running(container_name: str) -> bool:
+    found = run(["docker", "inspect", "-f", "{{.State.Running}}", container_name], check=False)
+    return found.stdout.strip() == "true"
 
 
 def show(container_name: str) -> str:

@@ -1,4 +1,3 @@
-#!/usr/bin/env python3
 # Copyright: hostnet.llamafactory contributors
 # GNU General Public License v3.0+ (see LICENSE or https://www.gnu.org/licenses/gpl-3.0.txt)
 """The rank's agent: PID 1 of every rank's container, it runs the training command and stops it
@@ -142,7 +141,7 @@ class Agent:
     def serve(self, server):
         while True:
             try:
-                conn, _ = server.accept()
+                conn, _peer = server.accept()
             except OSError:
                 return
             try:

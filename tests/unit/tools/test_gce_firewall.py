@@ -392,9 +392,15 @@ def test_vm_views_and_enforce_render_every_vm(monkeypatch):
     monkeypatch.setattr(
         gce_firewall, "apply", lambda name, script, _d: applied.update({name: script})
     )
+    monkeypatch.setattr(gce_firewall, "is_running", lambda _name: True)
     gce_firewall.enforce(state, [rule("workers", tcp("29500"), sourceTags=["worker"])])
     assert sorted(applied) == ["hlf-t-vm0", "hlf-t-vm1"]
     assert f"-s {VM1}/32" in applied["hlf-t-vm0"] and "-i eth0" in applied["hlf-t-vm1"]
+    # A stopped VM is skipped: it gets the rules when it starts.
+    applied.clear()
+    monkeypatch.setattr(gce_firewall, "is_running", lambda name: name == "hlf-t-vm0")
+    gce_firewall.enforce(state, [])
+    assert sorted(applied) == ["hlf-t-vm0"]
 
 
 def test_enforce_names_every_vm_that_failed(monkeypatch):
@@ -410,5 +416,6 @@ def test_enforce_names_every_vm_that_failed(monkeypatch):
             raise gce_firewall.ClusterError("docker exec ... failed (1): iptables-restore: line 3")
 
     monkeypatch.setattr(gce_firewall, "apply", apply)
+    monkeypatch.setattr(gce_firewall, "is_running", lambda _name: True)
     with pytest.raises(gce_firewall.ClusterError, match=r"on vm1 \(hlf-t-vm1\): docker exec"):
         gce_firewall.enforce(state, [])

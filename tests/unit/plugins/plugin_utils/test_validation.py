@@ -417,6 +417,26 @@ CATALOGUE = [
     case("poll-interval", {"launch_poll_interval": 0}, "launch_poll_interval", "at least 1"),
     case("results-dir", {"launch_results_dir": "/r\nx"}, "launch_results_dir", "one line"),
     case("peer-timeout", {"launch_peer_timeout": -1}, "launch_peer_timeout", "at least 0"),
+    case("max-restarts", {"launch_max_restarts": 101}, "launch_max_restarts", "from 0 to 100"),
+    case(
+        "when-done",
+        {"gcp_instances_when_done": "halt"},
+        "gcp_instances_when_done",
+        "use one of",
+    ),
+    case(
+        "when-failed",
+        {"gcp_instances_when_failed": "destroy"},
+        "gcp_instances_when_failed",
+        "use one of",
+    ),
+    case(
+        "instance-label",
+        {"gcp_instances_label": "Job Owner"},
+        "gcp_instances_label",
+        "a Compute Engine label key",
+    ),
+    case("instance-timeout", {"gcp_instances_timeout": 0}, "gcp_instances_timeout", "at least 1"),
     case("agent-port", {"launch_agent_port": 80}, "launch_agent_port", "from 1024 to 65535"),
     case(
         "agent-port-clash",
