@@ -585,6 +585,8 @@ _add("gcp_instances_when_done", "str", _GI, default="keep", choices=("keep", "st
 _add("gcp_instances_when_failed", "str", _GI, default="keep", choices=("keep", "stop", "delete"))
 _add("gcp_instances_label", "str", _GI, default="llamafactory-job", check=_label_key)
 _add("gcp_instances_timeout", "int", _GI, default=600, low=1)
+_add("gcp_instances_restart_stopped", "bool", _GI, default=False)
+_add("gcp_instances_capacity_retries", "int", _GI, default=5, low=0)
 
 _GF = "gcp_firewall"
 _add("gcp_firewall_state", "str", _GF, default="present", choices=("present", "absent"))

@@ -2,6 +2,7 @@
 to them (real LLaMA-Factory ranks on the session's cluster, under their agents)."""
 
 import json
+import threading
 import time
 
 import pytest
@@ -127,40 +128,75 @@ def test_a_vanished_node_ends_the_job_within_the_bound_without_the_controller(
     assert "rank 1 (vm1) stopped (SIGTERM" not in message
 
 
-def test_vms_stop_when_the_job_is_done_and_only_labelled_ones_are_deleted(
+def test_a_stopped_vm_is_started_the_job_resumes_and_the_vms_stop_when_done(
     train_cluster, box, tmp_path
 ):
-    """gcp_instances_when_done: stop - TERMINATED through the API once the results are on the
-    controller; then, re-attached with delete, VMs the launch did not label are refused."""
+    """A VM stopped through the API mid-training (the box's preemption) with
+    gcp_instances_restart_stopped: started again, the job resumes from the common checkpoint and
+    finishes; gcp_instances_when_done: stop then TERMINATES both VMs once the results are on the
+    controller. Re-attached with delete, VMs the launch did not label are refused."""
     inventory, vms = train_cluster
-    job = "e2e-done"
-    short = {"max_steps": 4}
-    try:
-        rc, _stats, failures, events = play(
+    job = "e2e-vm"
+    longer = {"max_steps": 40, "save_steps": 10}
+    outcome = {}
+
+    def run():
+        outcome["result"] = play(
             inventory,
             tmp_path / "train",
             job,
+            launch_max_restarts=1,
+            gcp_instances_restart_stopped=True,
             gcp_instances_when_done="stop",
-            llamafactory_train_overrides=short,
+            llamafactory_train_overrides=longer,
         )
+
+    thread = threading.Thread(target=run)
+    thread.start()
+    try:
+        shard = f"{JOBS}/{job}/output/checkpoint-10/global_step10"
+        wait_until(
+            lambda: (
+                not thread.is_alive()
+                or all(vm.sh(f"test -d {shard}", check=False).returncode == 0 for vm in vms)
+            ),
+            600,
+            "the first checkpoint",
+        )
+        assert thread.is_alive(), f"the job ended before its first checkpoint: {outcome}"
+        box.act(vms[1].name, "stop")  # the box's preemption
+        thread.join(900)
+        assert not thread.is_alive(), "the playbook did not end"
+        rc, _stats, failures, events = outcome["result"]
         assert rc == 0, failures
-        assert (tmp_path / "results" / job / "trainer_log.jsonl").is_file()
+        text = said(events)
+        assert f"{vms[1].name} ({vms[1].name}) was TERMINATED (stopped: " in text
+        restart = next(line for line in text.splitlines() if line.startswith("restart 1 of 1"))
+        assert restart.startswith(f"restart 1 of 1 after the VM of {vms[1].name} is TERMINATED")
+        failed_at = int(restart.split(" at step ")[1].split(":")[0])
+        resumed_at = int(restart.split("resuming from checkpoint-")[1].split(",")[0])
+        lost = int(restart.split(", ")[-1].split(" steps lost")[0])
+        assert resumed_at >= 10 and lost == failed_at - resumed_at
+        log = (tmp_path / "results" / job / "trainer_log.jsonl").read_text().splitlines()
+        steps = [json.loads(line)["current_steps"] for line in log if line.strip()]
+        assert steps.count(1) == 1 and steps[-1] == 40  # resumed, not started over
         for vm in vms:
             assert box.instance(vm.name)["status"] == "TERMINATED"
             assert (
                 f"{vm.name} ({vm.name}, {box.zone}): RUNNING -> TERMINATED (stop) "
-                "(gcp_instances_when_done: stop)" in said(events)
+                "(gcp_instances_when_done: stop)" in text
             )
         tasks = [e["event_data"]["task"] for e in events if e.get("event") == "runner_on_ok"]
         assert tasks.index("Fetch the training log and the loss plot") < tasks.index(
             "Stop or delete the VM through the Compute Engine API"
         )
     finally:
+        thread.join(900)
         for vm in vms:
             if box.instance(vm.name)["status"] != "RUNNING":
                 box.act(vm.name, "start")
     rc, _stats, failures, events = attach(
-        inventory, tmp_path / "delete", job, overrides=short, gcp_instances_when_done="delete"
+        inventory, tmp_path / "delete", job, overrides=longer, gcp_instances_when_done="delete"
     )
     assert rc != 0
     message = failures["vm0"]["msg"]

@@ -14,7 +14,8 @@ import requests
 ROOT = Path(__file__).resolve().parents[4]
 FAKE = ROOT / "tests" / "fakes" / "compute_api.py"
 ANSIBLE = Path(sys.executable).parent / "ansible"
-PROJECT, ZONE = "hlf-test", "us-central1-a"
+PROJECT = "hlf-test"
+ZONE = "us-central1-a"
 sys.path.insert(0, str(FAKE.parent))
 import compute_contract  # noqa: E402
 
