@@ -20,6 +20,7 @@ import tempfile
 import time
 
 from ansible import constants as C
+from ansible.errors import AnsibleError
 from ansible.plugins.action import ActionBase
 from ansible.utils.display import Display
 from ansible_collections.hostnet.llamafactory.plugins.plugin_utils import _diagnosis as diagnosis
@@ -122,6 +123,12 @@ class ActionModule(ActionBase):
             time.sleep(args["interval"])
 
     def _query(self, args, stop=False, tail=None):
+        try:
+            return self._query_once(args, stop, tail)
+        except AnsibleError as exc:  # the node is gone (its VM stopped, SSH cut): not fatal
+            return {"container": {"state": "unknown"}, "error": str(exc)}
+
+    def _query_once(self, args, stop=False, tail=None):
         report = self._execute_module(
             module_name="hostnet.llamafactory.job_status",
             module_args=dict(

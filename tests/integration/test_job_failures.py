@@ -83,7 +83,7 @@ def test_a_vanished_node_ends_the_job_within_the_bound_without_the_controller(
 
     # Re-attach, then the controller is killed in the middle of its wait (ansible-runner's
     # timeout kills ansible-playbook): the ranks go on, with progress shown until then.
-    rc, _stats, _failures, events = attach(inventory, tmp_path / "attach", job, timeout=45)
+    rc, _stats, _failures, events = attach(inventory, tmp_path / "attach", job, timeout=35)
     assert rc != 0  # killed
     assert f"[{job}] step " in shown(events)
     assert all(container(vm, job)["State"]["Running"] for vm in (vm0, vm1))

@@ -6,6 +6,9 @@
                  and the controller's CPU seconds per node
   allreduce      Gloo all_reduce bus bandwidth, 16-256 MB, host-networked containers (the
                  role's docker run options) versus the same processes run on the VMs directly
+  failures       a node that vanishes under a detached job (launch_peer_timeout 30 and 60 s):
+                 seconds until the survivor exits; a restart (launch_max_restarts 1) after a
+                 rank is killed or its VM is stopped through the API: seconds to training again
   demo           wall time of ./dev demo, cold once (the cluster's images removed) and warm
 
 The runs of each comparison are interleaved within this invocation and paired by repetition;
@@ -28,7 +31,7 @@ from localcluster.util import ClusterError
 from . import runs
 from .results import Results
 
-BENCHMARKS = ["time-to-cause", "allreduce", "rerun", "demo"]
+BENCHMARKS = ["time-to-cause", "allreduce", "rerun", "failures", "demo"]
 NOTES = {
     "time-to-cause": (
         "Preflight: `train.yml` on the GCP path (the dynamic inventory, the firewall rule made "
@@ -59,6 +62,19 @@ NOTES = {
         "VM and run with chroot (no namespaces, no cgroup of its own), the same env file. One "
         "torchrun process per VM, Gloo over the VPC NIC (MTU 1460), bus bandwidth as "
         "nccl-tests defines it. Both VMs share this machine's 2 cores."
+    ),
+    "peer-lost": (
+        "Node vanished: a job launched with `launch_wait=false` (no controller waits) on 2 VMs; "
+        "after its first step every packet between rank 1's VM and rank 0 is dropped and rank "
+        "1's container paused (no connection reset), timed until rank 0's container exits (its "
+        "agent stops it); over_bound_s in results.json is that time minus the bound."
+    ),
+    "restart": (
+        "`train.yml` with `launch_max_restarts: 1`, 40 steps, a "
+        "checkpoint every 10; after the first one rank 1's container is killed, or its VM "
+        "stopped through the box's API (`gcp_instances_restart_stopped: true`), timed until "
+        "rank 0 logs a step of the resumed run (the wait noticing, every rank stopped, the "
+        "VM started, the preflight, the relaunch, the model loaded)."
     ),
     "demo": (
         "Cold: after `./dev cluster rmi` (VM images, training image, registry image and its "
@@ -153,6 +169,8 @@ def main(argv: list[str] | None = None) -> int:
                     runs.allreduce(bench, results, args.allreduce_reps)
                 if "rerun" in selected:
                     runs.rerun(bench, results, args.reps)
+                if "failures" in selected:
+                    runs.failures(bench, results, args.reps)
             finally:
                 if not args.keep:
                     bench.down()

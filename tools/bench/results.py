@@ -21,12 +21,16 @@ COMPARISONS = {
     "rerun": ("2 nodes", "8 nodes", "seconds", "8 nodes / 2 nodes"),
     "allreduce": ("bare", "container", "busbw_GBps", "container / bare"),
     "demo": ("warm", "cold", "seconds", "cold / warm"),
+    "peer-lost": ("launch_peer_timeout 30 s", "launch_peer_timeout 60 s", "seconds", "60 s / 30 s"),
+    "restart": ("rank killed", "VM stopped", "seconds", "VM stopped / rank killed"),
 }
 TITLES = {
     "time-to-cause": "1. Time to a named cause (s, lower is better; a hang counts as the cap)",
     "rerun": "2. Re-run with the job finished (train.yml, changed=0)",
     "allreduce": "3. all_reduce bus bandwidth between two VMs (Gloo, GB/s, higher is better)",
     "demo": "4. Wall time of `./dev demo` (s)",
+    "peer-lost": "5. A node vanishes under a detached job: seconds until the survivor exits",
+    "restart": "6. A restart (launch_max_restarts): seconds from the fault to training again",
 }
 
 
@@ -223,6 +227,13 @@ def markdown(meta: dict, summary: dict) -> str:
             for _case, row in cases.items():
                 lines.append(
                     f"| {_fmt(row[second], 0)} | {_fmt(row[first], 0)} | {_fmt(row['ratio'], 2)}x |"
+                )
+        else:
+            lines += [f"| case | {first} | {second} | {reads} |", "|---|---|---|---|"]
+            for case, row in cases.items():
+                lines.append(
+                    f"| {case} | {_fmt(row[first])} | {_fmt(row[second])} | "
+                    f"{_fmt(row['ratio'], 2)}x |"
                 )
         notes = meta.get("notes", {}).get(bench)
         if notes:

@@ -642,6 +642,164 @@ def rerun(bench: BenchCluster, results: Results, reps: int) -> None:
             say(f"re-run {variant} {rep}: {figures}")
 
 
+# ------------------------------------------------------------------ 3. failures
+
+
+def _job_container(vm: dict, job: str) -> dict | None:
+    found = vm_sh(vm["container"], f"docker inspect llamafactory-{job} || true", check=False)
+    listed = json.loads(found) if found.strip().startswith("[") else []
+    return listed[0] if listed else None
+
+
+def _steps(vm: dict, job: str) -> list[int]:
+    text = vm_sh(vm["container"], f"cat {JOBS}/{job}/output/trainer_log.jsonl || true", check=False)
+    return [json.loads(line)["current_steps"] for line in text.splitlines() if line.strip()]
+
+
+def _wait(predicate, seconds: float, what: str):
+    deadline = time.monotonic() + seconds
+    while time.monotonic() < deadline:
+        value = predicate()
+        if value:
+            return value
+        time.sleep(0.5)
+    raise BenchError(f"not within {seconds:.0f} s: {what}")
+
+
+def _clean_job(bench: BenchCluster, job: str) -> None:
+    for vm in bench.nodes[:2]:
+        vm_sh(vm["container"], f"docker rm -f llamafactory-{job}; rm -rf {JOBS}/{job}", check=False)
+
+
+def peer_lost(bench: BenchCluster, bound: int, rep: int) -> dict:
+    """A detached job (launch_wait=false) whose rank 1 vanishes (packets from rank 0 dropped, its
+    container paused): seconds from the cut until rank 0's container exited."""
+    vm0, vm1 = bench.nodes[:2]
+    job = f"fail-lost-{bound}"
+    _clean_job(bench, job)
+    result = bench.train(
+        bench.inventory(2),
+        job,
+        f"peer lost {bound} s {rep}: launch",
+        deadline_s=900,
+        launch_wait=False,
+        launch_peer_timeout=bound,
+        llamafactory_train_overrides={"max_steps": 2000, "save_steps": 5000},
+    )
+    if result["rc"] != 0:
+        raise BenchError(f"the detached launch failed: {result['output'][-1500:]}")
+    _wait(lambda: _steps(vm0, job), 300, "the first step")
+    address0 = json.loads(vm_sh(vm0["container"], f"cat {JOBS}/{job}/agent.json"))["address"]
+    cut = f"iptables -I INPUT -s {address0} -j DROP; iptables -I OUTPUT -d {address0} -j DROP"
+    vm_sh(vm1["container"], f"{cut}; docker pause llamafactory-{job}")
+    started = time.monotonic()
+    try:
+        _wait(
+            lambda: not (_job_container(vm0, job) or {}).get("State", {}).get("Running"),
+            bound + 300,
+            "rank 0 stopping",
+        )
+        seconds = time.monotonic() - started
+    finally:
+        vm_sh(
+            vm1["container"],
+            f"docker unpause llamafactory-{job}; iptables -D INPUT -s {address0} -j DROP; "
+            f"iptables -D OUTPUT -d {address0} -j DROP",
+            check=False,
+        )
+    code = (_job_container(vm0, job) or {}).get("State", {}).get("ExitCode")
+    _clean_job(bench, job)
+    return {"seconds": round(seconds, 1), "over_bound_s": round(seconds - bound, 1), "exit": code}
+
+
+def restart_cost(bench: BenchCluster, case: str, rep: int) -> dict:
+    """train.yml with launch_max_restarts 1; after the first checkpoint rank 1's container is
+    killed, or its VM stopped through the API (gcp_instances_restart_stopped): seconds from the
+    fault until rank 0 logs a step of the resumed run, and the play's total."""
+    vm0, vm1 = bench.nodes[:2]
+    job = "fail-" + slug(case)
+    _clean_job(bench, job)
+    outcome = {}
+    extra = {"gcp_instances_restart_stopped": True} if case == "VM stopped" else {}
+
+    def run():
+        outcome["result"] = bench.train(
+            bench.inventory(2),
+            job,
+            f"restart {case} {rep}",
+            deadline_s=1500,
+            launch_max_restarts=1,
+            llamafactory_train_overrides={"max_steps": 40, "save_steps": 10},
+            **extra,
+        )
+
+    thread = threading.Thread(target=run)
+    thread.start()
+    shard = f"{JOBS}/{job}/output/checkpoint-10/global_step10"
+    _wait(
+        lambda: (
+            not thread.is_alive()
+            or all(
+                vm_sh(v["container"], f"test -d {shard} && echo y", check=False).strip() == "y"
+                for v in (vm0, vm1)
+            )
+        ),
+        900,
+        "the first checkpoint",
+    )
+    if not thread.is_alive():
+        raise BenchError(f"{job} ended before its first checkpoint")
+    first_start = (_job_container(vm0, job) or {})["State"]["StartedAt"]
+    started = time.monotonic()
+    if case == "VM stopped":
+        bench.box.act(vm1["name"], "stop")
+    else:
+        vm_sh(vm1["container"], f"docker kill llamafactory-{job}")
+    _wait(
+        lambda: (
+            not thread.is_alive()
+            or not (_job_container(vm0, job) or {}).get("State", {}).get("Running")
+        ),
+        600,
+        "rank 0 stopped",
+    )
+    before = len(_steps(vm0, job))
+
+    def training_again():
+        state = (_job_container(vm0, job) or {}).get("State", {})
+        return state.get("StartedAt") != first_start and len(_steps(vm0, job)) > before
+
+    _wait(lambda: not thread.is_alive() or training_again(), 1200, "training again")
+    seconds = time.monotonic() - started
+    thread.join(1500)
+    result = outcome.get("result") or {}
+    if result.get("rc") != 0:
+        raise BenchError(f"{job}: the play failed: {result.get('output', '')[-1500:]}")
+    lost = re.search(r"(\d+) steps lost", result["output"])
+    _clean_job(bench, job)
+    return {
+        "seconds": round(seconds, 1),
+        "play_s": round(result["seconds"], 1),
+        "steps_lost": int(lost.group(1)) if lost else None,
+    }
+
+
+def failures(bench: BenchCluster, results: Results, reps: int) -> None:
+    for rep in range(1, reps + 1):
+        for bound in (30, 60) if rep % 2 else (60, 30):
+            variant = f"launch_peer_timeout {bound} s"
+            case = "rank 1's node cut off and frozen"
+            if not results.has("peer-lost", case, variant, rep):
+                figures = peer_lost(bench, bound, rep)
+                results.add("peer-lost", case, variant, rep, **figures)
+                say(f"peer lost, {variant}, {rep}: {figures}")
+        for case in ("rank killed", "VM stopped") if rep % 2 else ("VM stopped", "rank killed"):
+            if not results.has("restart", "after the first checkpoint", case, rep):
+                figures = restart_cost(bench, case, rep)
+                results.add("restart", "after the first checkpoint", case, rep, **figures)
+                say(f"restart, {case}, {rep}: {figures}")
+
+
 # ------------------------------------------------------------------ 4. the demo
 
 
