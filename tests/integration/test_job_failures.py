@@ -25,7 +25,7 @@ def wait_until(predicate, seconds, what):
     raise AssertionError(f"not within {seconds} s: {what}")
 
 
-def attach(inventory, tmp_path, job, timeout=600, overrides=LONG, **extravars):
+def attach(inventory, tmp_path, job, timeout=600, overrides=None, **extravars):
     result, _facts, _results = run_playbook(
         inventory,
         tmp_path,
@@ -34,7 +34,7 @@ def attach(inventory, tmp_path, job, timeout=600, overrides=LONG, **extravars):
             **PULL_VARS,
             "llamafactory_job": job,
             "launch_results_dir": str(tmp_path.parent / "results"),
-            "llamafactory_train_overrides": overrides,
+            "llamafactory_train_overrides": LONG if overrides is None else overrides,
             **extravars,
         },
         timeout=timeout,
@@ -199,6 +199,7 @@ def test_a_stopped_vm_is_started_the_job_resumes_and_the_vms_stop_when_done(
         inventory, tmp_path / "delete", job, overrides=longer, gcp_instances_when_done="delete"
     )
     assert rc != 0
+    assert f"job {job} finished: 40 steps" in said(events)  # a finished job, reported at once
     message = failures["vm0"]["msg"]
     assert "not deleted: it lacks the labels that make it this job's own" in message
     assert f"llamafactory-job={job} (has none)" in message

@@ -241,7 +241,14 @@ class Agent:
                 f"{settings['peer_timeout']} s stops this one"
             )
         started = time.time()
-        self.child = subprocess.Popen(self.command, start_new_session=True)
+        try:
+            self.child = subprocess.Popen(self.command, start_new_session=True)
+        except OSError as exc:
+            log(f"rank {settings['rank']}: cannot start {self.command[0]}: {exc}")
+            self.set_state(state="exited", code=127, why=f"cannot start {self.command[0]}")
+            if server is not None:
+                self.linger()
+            return 127
         self.set_state(state="running", pid=self.child.pid, started=started)
         why = None
         while True:

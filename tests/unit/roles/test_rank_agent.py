@@ -176,3 +176,28 @@ def test_sigterm_stops_the_training_as_docker_stop_does(job):
     j.procs[0].send_signal(signal.SIGTERM)
     code, err = j.wait(0, timeout=20)
     assert code == 128 + signal.SIGTERM, err
+
+
+def test_a_command_that_cannot_start_is_named_and_stops_the_others(job, tmp_path):
+    settings = {
+        "job": "unit",
+        "rank": 0,
+        "address": "127.0.0.2",
+        "port": free_port(),
+        "peers": {},
+        "peer_timeout": 0,
+        "rendezvous_timeout": 0,
+        "interval": 1,
+        "stop_grace": 1,
+    }
+    path = tmp_path / "alone.json"
+    path.write_text(json.dumps(settings))
+    result = subprocess.run(
+        [sys.executable, str(AGENT), str(path), "--", "/nonexistent/llamafactory-cli"],
+        capture_output=True,
+        text=True,
+        timeout=30,
+        check=False,
+    )
+    assert result.returncode == 127
+    assert "cannot start /nonexistent/llamafactory-cli" in result.stderr
