@@ -162,6 +162,19 @@ def train_cluster(test_cluster):
     return state["gcp_inventory"], [VM(node) for node in state["nodes"]]
 
 
+def follow_restarts(test_cluster, vms):
+    """The session's view of the VMs after some were stopped and started: a started VM has a new
+    external address (state.json has it; the VM objects and the session's state share the node
+    dicts, so every later test sees it)."""
+    definition, state = test_cluster
+    saved = json.loads((cluster.state_dir(definition) / "state.json").read_text())
+    fresh = {node["name"]: node for node in saved["nodes"]}
+    for node in state["nodes"]:
+        node.update(fresh[node["name"]])
+    for vm in vms:
+        vm.node.update(fresh[vm.name])
+
+
 @pytest.fixture(scope="session")
 def box(train_cluster, test_cluster):
     """The session cluster's Compute Engine API, as a GCP client reaches it."""

@@ -6,7 +6,15 @@ import threading
 import time
 
 import pytest
-from conftest import JOBS, PULL_VARS, container, play, run_playbook, summarize
+from conftest import (
+    JOBS,
+    PULL_VARS,
+    container,
+    follow_restarts,
+    play,
+    run_playbook,
+    summarize,
+)
 from test_launch import logs, trainer_steps
 
 pytestmark = pytest.mark.cluster
@@ -129,7 +137,7 @@ def test_a_vanished_node_ends_the_job_within_the_bound_without_the_controller(
 
 
 def test_a_stopped_vm_is_started_the_job_resumes_and_the_vms_stop_when_done(
-    train_cluster, box, tmp_path
+    train_cluster, test_cluster, box, tmp_path
 ):
     """A VM stopped through the API mid-training (the box's preemption) with
     gcp_instances_restart_stopped: started again, the job resumes from the common checkpoint and
@@ -195,6 +203,7 @@ def test_a_stopped_vm_is_started_the_job_resumes_and_the_vms_stop_when_done(
         for vm in vms:
             if box.instance(vm.name)["status"] != "RUNNING":
                 box.act(vm.name, "start")
+        follow_restarts(test_cluster, vms)  # new external addresses, for the later tests
     rc, _stats, failures, events = attach(
         inventory, tmp_path / "delete", job, overrides=longer, gcp_instances_when_done="delete"
     )
