@@ -437,6 +437,18 @@ CATALOGUE = [
         "a Compute Engine label key",
     ),
     case("instance-timeout", {"gcp_instances_timeout": 0}, "gcp_instances_timeout", "at least 1"),
+    case(
+        "restart-stopped",
+        {"gcp_instances_restart_stopped": "maybe"},
+        "gcp_instances_restart_stopped",
+        "true or false",
+    ),
+    case(
+        "capacity-retries",
+        {"gcp_instances_capacity_retries": -1},
+        "gcp_instances_capacity_retries",
+        "at least 0",
+    ),
     case("agent-port", {"launch_agent_port": 80}, "launch_agent_port", "from 1024 to 65535"),
     case(
         "agent-port-clash",
