@@ -62,19 +62,6 @@ VMS = {
 }
 
 
-@pytest.fixture(scope="module")
-def fake_api(tmp_path_factory):
-    state = tmp_path_factory.mktemp("fake-compute")
-    start = [sys.executable, str(FAKE), "start", "--state", str(state), "--idle", "120"]
-    subprocess.run(start, check=True, capture_output=True, timeout=30)
-    try:
-        yield json.loads((state / "client.json").read_text())
-    finally:
-        subprocess.run(
-            [sys.executable, str(FAKE), "stop", "--state", str(state)], timeout=30, check=True
-        )
-
-
 @pytest.fixture
 def fake(fake_api):
     """The fake, reset, with the three VMs; a session for its control API."""

@@ -20,19 +20,6 @@ sys.path.insert(0, str(FAKE.parent))
 import compute_contract  # noqa: E402
 
 
-@pytest.fixture(scope="module")
-def fake_api(tmp_path_factory):
-    state = tmp_path_factory.mktemp("fake-compute")
-    start = [sys.executable, str(FAKE), "start", "--state", str(state), "--idle", "120"]
-    subprocess.run(start, check=True, capture_output=True, timeout=30)
-    try:
-        yield json.loads((state / "client.json").read_text())
-    finally:
-        subprocess.run(
-            [sys.executable, str(FAKE), "stop", "--state", str(state)], timeout=30, check=True
-        )
-
-
 @pytest.fixture
 def fake(fake_api):
     session = requests.Session()
