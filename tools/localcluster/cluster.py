@@ -308,16 +308,22 @@ chmod 0440 /etc/sudoers.d/90-localcluster
 
 def configure_network(spec: ClusterSpec, vm: VM, container) -> None:
     """What a VM loses when its container restarts: NIC names, routes, the external path's
-    filter, the hosts file. Run at creation and again after every start."""
+    filter, the hosts file (the peers' names and the metadata server's). Run at creation and
+    again after every start."""
     _exec(container, _rename_script(container, spec, vm))
     # Like GCP's internal DNS: every VM's name resolves to its VPC address, on every VM.
     hosts = "".join(
         f"{spec.networks['vpc'].address(peer.index)}\t{peer.name}\n" for peer in spec.vms
     )
+    # The metadata server's name too: Docker rewrites /etc/hosts when a started VM gets its new
+    # external address, which can drop the line the metadata unit added at boot.
+    metadata = f"{gce_metadata.ADDRESS} {' '.join(gce_metadata.HOSTNAMES)}"
     _exec(
         container,
-        'kept=$(grep -v "\\s$VM_NAME$" /etc/hosts); printf "%s\\n%s" "$kept" "$HOSTS" > /etc/hosts',
-        env={"VM_NAME": vm.name, "HOSTS": hosts},
+        'kept=$(grep -v "\\s$VM_NAME$" /etc/hosts); '
+        'printf "%s\\n%s" "$kept" "$HOSTS" > /etc/hosts; '
+        'grep -q "metadata.google.internal" /etc/hosts || echo "$METADATA" >> /etc/hosts',
+        env={"VM_NAME": vm.name, "HOSTS": hosts, "METADATA": metadata},
     )
 
 
