@@ -1,7 +1,8 @@
 # Copyright: hostnet.llamafactory contributors
 # GNU General Public License v3.0+ (see LICENSE or https://www.gnu.org/licenses/gpl-3.0.txt)
-"""The rank's agent: PID 1 of every rank's container, it runs the training command and stops it
-when another rank of the job is gone, without the controller.
+"""The rank's agent: PID 1 of every rank's container, it runs the training command, stops it
+when another rank of the job is gone, and restarts the job from the newest common checkpoint
+after a rank's process was killed - all without the controller.
 
     python3 rank_agent.py AGENT.json -- llamafactory-cli train config.yaml
 
@@ -14,22 +15,35 @@ NIC with its rank's state, and asks every other rank's agent every few seconds:
 
 - a rank that has not answered for `peer_timeout` seconds (after it answered once), or has never
   answered `rendezvous_timeout` seconds after the start, is lost;
-- a rank that answers "exited" with a code other than 0 has failed.
+- a rank whose training ended with a code other than 0 has failed.
 
 Either way this agent stops its own training (SIGTERM to the process group, SIGKILL after
-`stop_grace` seconds) and exits with EXIT_PEER_LOST. Liveness is the agent's answer, not the
-log: a rank that saves or evaluates for an hour in silence still answers. When its own training
-exits the agent answers "exited" for a few more seconds so that the others learn the code, then
-exits with the training's code (128 + N for a signal N, as a shell reports it).
+`stop_grace` seconds). Liveness is the agent's answer, not the log: a rank that saves or
+evaluates for an hour in silence still answers.
+
+Restarts on the nodes (`max_restarts`): when an attempt ends, every agent publishes how its
+rank ended and waits (bounded) for the others' ends. The job restarts when a rank's training was
+killed (SIGKILL, not by the OOM killer) and no rank failed in a way a restart cannot cure (out of
+memory, a lost or unreachable node: only the controller can start a VM, a stop on purpose, the
+same failure at the same step twice). A rank that merely errored (exit 1) after another was
+killed is its consequence, not a cause. Then every agent announces the attempt it is ready for
+with the complete checkpoints it holds, waits until every other agent announced it too, and
+relaunches from the newest checkpoint all of them hold. Anything else ends the job: the agent
+exits with its training's code (128 + N for a signal N, as a shell reports it), or
+EXIT_PEER_LOST when it stopped its training because of another rank.
 
 AGENT.json: job, rank, address and port to listen on, peers ({rank: address}, every rank's
-agent listens on the same port), peer_timeout, rendezvous_timeout, interval, stop_grace.
-Python 3.6+, standard library only: it runs in whatever image the job uses.
+agent listens on the same port), peer_timeout, rendezvous_timeout, interval, stop_grace,
+max_restarts, output_dir (checkpoints, trainer_log.jsonl), state_file (the agent's state, JSON,
+for the controller's wait). Python 3.6+, standard library only: it runs in whatever image the job
+uses.
 """
 
+import collections
 import contextlib
 import json
 import os
+import re
 import signal
 import socket
 import subprocess
@@ -39,6 +53,17 @@ import time
 
 EXIT_PEER_LOST = 75  # EX_TEMPFAIL: this rank was fine; another was lost (a restart can cure it)
 PREFIX = "[hostnet.llamafactory agent]"
+CHECKPOINT = re.compile(r"^checkpoint-(\d+)$")
+# torchrun's summary when a worker died of SIGKILL: its root cause names the signal.
+ROOT_CAUSE = "Root Cause (first observed failure)"
+KILLED_WORKER = re.compile(r"exitcode\s*:\s*-9\b|Signal 9 \(SIGKILL\)")
+RELAUNCH_ARGS = ("resume_from_checkpoint=", "overwrite_output_dir=")
+
+# How an attempt ended on one rank ("kind" of its end):
+CURABLE = ("killed",)  # a restart can cure it
+INCURABLE = ("oom", "lost", "unreachable", "stopped", "cannot-start")  # it cannot, or must not
+# "error" (an exit code of its own) and "peer" (stopped because another rank failed) follow the
+# others: a consequence of a kill elsewhere, or the job's own failure when nothing was killed.
 
 
 def log(message):
@@ -64,14 +89,21 @@ class Peer:
         return f"rank {self.rank} ({self.address}:{port})"
 
 
-def judge(peers, now, started, settings):
-    """Why this rank must stop, or None. Pure: the agent's decision, unit-tested."""
+def _attempt(state):
+    return (state or {}).get("attempt", 0)
+
+
+def judge(peers, now, started, settings, attempt=0):
+    """Why this rank must stop, or None. Pure: the agent's decision, unit-tested.
+    Returns (kind, why): kind "lost" (silent after answering), "unreachable" (never answered)
+    or "peer" (another rank's training ended with an error in this attempt)."""
     port = settings["port"]
     for peer in peers:
         state = peer.state or {}
-        if state.get("state") == "exited" and state.get("code") not in (0, None):
+        ended = state.get("state") in ("exited", "ended")
+        if ended and state.get("code") not in (0, None) and _attempt(state) >= attempt:
             why = state.get("why")
-            return "{} exited with code {}{}".format(
+            return "peer", "{} exited with code {}{}".format(
                 peer.name(port),
                 state.get("code"),
                 f" ({why})" if why else "",
@@ -80,17 +112,138 @@ def judge(peers, now, started, settings):
             continue  # finished: no longer expected to answer
         if peer.last_seen is None:
             if settings["rendezvous_timeout"] and now - started > settings["rendezvous_timeout"]:
-                return (
+                return "unreachable", (
                     f"{peer.name(port)} never answered in {settings['rendezvous_timeout']} s "
                     "(rendezvous_timeout): its node is down, its rank was not started, or port "
                     f"{port} is blocked between the nodes"
                 )
         elif settings["peer_timeout"] and now - peer.last_seen > settings["peer_timeout"]:
-            return (
+            return "lost", (
                 f"{peer.name(port)} has not answered for {now - peer.last_seen:.0f} s "
                 f"(peer_timeout {settings['peer_timeout']} s): its node is gone, frozen or cut off"
             )
     return None
+
+
+def classify(code, output, oom):
+    """How a rank's own training ended: (kind, why). `output` is the end of its output, `oom`
+    whether the kernel's OOM killer killed a process of this container meanwhile."""
+    if code == 0:
+        return "done", "finished"
+    if oom:
+        return "oom", f"killed by the kernel's OOM killer (exit {code})"
+    if code == 137:
+        return "killed", "killed (SIGKILL, exit 137)"
+    summary = output[output.rfind(ROOT_CAUSE) :] if ROOT_CAUSE in output else ""
+    if summary and KILLED_WORKER.search(summary):
+        return "killed", f"a worker was killed (SIGKILL; the launcher exited {code})"
+    return "error", f"exited with code {code}"
+
+
+def restart_decision(ends, restarts, max_restarts):
+    """Whether the job restarts on the nodes after an attempt. `ends` maps rank -> {kind, why,
+    step} for every rank (a rank that did not tell counts as lost), `restarts` the restarts so
+    far ({kind, step}). Returns (restart, cause, why). Pure, unit-tested."""
+    ranks = sorted(ends)
+    kinds = [ends[r]["kind"] for r in ranks]
+    incurable = [r for r in ranks if ends[r]["kind"] in INCURABLE]
+    curable = [r for r in ranks if ends[r]["kind"] in CURABLE]
+    step = max([ends[r].get("step") or 0 for r in ranks] or [0]) or None
+    first = (incurable or curable or [r for r in ranks if ends[r]["kind"] != "done"] or ranks)[0]
+    cause = f"rank {first} {ends[first]['why']}"
+    if all(kind == "done" for kind in kinds):
+        return False, None, "finished"
+    if incurable:
+        kind = ends[first]["kind"]
+        reasons = {
+            "oom": "out of memory: the same step needs the same memory again",
+            "lost": "a node is gone: only the controller (attached or re-attached) starts VMs",
+            "unreachable": "a rank never answered: it was not started or its port is blocked",
+            "stopped": "stopped on purpose (SIGTERM: playbooks/stop.yml or docker stop)",
+            "cannot-start": "the training command cannot start",
+        }
+        return False, cause, reasons[kind]
+    if not curable:
+        return (
+            False,
+            cause,
+            (
+                "a rank failed on its own: a bad config, a missing dataset or an error in the "
+                "training would fail again"
+            ),
+        )
+    if len(restarts) >= max_restarts:
+        return False, cause, f"no restart left (max_restarts {max_restarts})"
+    if restarts and restarts[-1].get("kind") == "killed" and restarts[-1].get("step") == step:
+        return False, cause, f"the same failure (killed) at the same step ({step}) twice"
+    return True, cause, "a killed rank can be started again"
+
+
+def complete_checkpoints(output_dir):
+    """Steps of the checkpoints this node can resume from: checkpoint-N folders holding the
+    trainer state and, when the run used DeepSpeed, their global_stepN shard folder (the rule of
+    plugins/module_utils/_job.py complete_checkpoints, which the controller applies)."""
+    steps = []
+    try:
+        names = os.listdir(output_dir)
+    except OSError:
+        return steps
+    for name in names:
+        match = CHECKPOINT.match(name)
+        if not match:
+            continue
+        step = int(match.group(1))
+        try:
+            children = set(os.listdir(os.path.join(output_dir, name)))
+        except OSError:
+            continue
+        if "trainer_state.json" not in children:
+            continue
+        deepspeed = [c for c in children if c.startswith(("global_step", "zero_")) or c == "latest"]
+        if deepspeed and f"global_step{step}" not in children:
+            continue
+        steps.append(step)
+    return sorted(steps)
+
+
+def last_step(output_dir):
+    """The last step trainer_log.jsonl names (rank 0's node writes it), or None."""
+    try:
+        with open(os.path.join(output_dir, "trainer_log.jsonl"), "rb") as handle:
+            handle.seek(0, os.SEEK_END)
+            handle.seek(max(0, handle.tell() - 8192))
+            lines = handle.read().decode("utf-8", "replace").splitlines()
+    except OSError:
+        return None
+    for line in reversed(lines):
+        try:
+            return int(json.loads(line)["current_steps"])
+        except (ValueError, KeyError, TypeError):
+            continue
+    return None
+
+
+def oom_kills():
+    """Processes of this container killed by the OOM killer so far (cgroup v2, else v1), or
+    None when the cgroup does not say."""
+    for path in ("/sys/fs/cgroup/memory.events", "/sys/fs/cgroup/memory/memory.oom_control"):
+        try:
+            with open(path) as handle:
+                for line in handle:
+                    key, _, value = line.partition(" ")
+                    if key == "oom_kill":
+                        return int(value)
+        except (OSError, ValueError):
+            continue
+    return None
+
+
+def relaunch_command(command, output_dir, resume, fresh):
+    """The training command for a restart: the launch's own resume arguments replaced."""
+    base = [arg for arg in command if not arg.startswith(RELAUNCH_ARGS)]
+    if resume is not None:
+        return [*base, f"resume_from_checkpoint={output_dir}/checkpoint-{resume}"]
+    return base + (["overwrite_output_dir=true"] if fresh else [])
 
 
 def ask(peer, port, job, timeout):
@@ -117,17 +270,70 @@ def ask(peer, port, job, timeout):
     return answer
 
 
+class Output:
+    """Copies the training's output to the agent's own (the container's log), keeping its end
+    for classify()."""
+
+    def __init__(self, size=65536):
+        self.size = size
+        self.chunks = collections.deque()
+        self.kept = 0
+        self.lock = threading.Lock()
+        self.threads = []
+
+    def follow(self, source, sink):
+        def copy():
+            while True:
+                try:
+                    data = os.read(source.fileno(), 65536)
+                except OSError:
+                    data = b""
+                if not data:
+                    source.close()
+                    return
+                with contextlib.suppress(OSError, ValueError):
+                    sink.write(data)
+                    sink.flush()
+                with self.lock:
+                    self.chunks.append(data)
+                    self.kept += len(data)
+                    while self.kept - len(self.chunks[0]) >= self.size:
+                        self.kept -= len(self.chunks.popleft())
+
+        thread = threading.Thread(target=copy)
+        thread.daemon = True
+        thread.start()
+        self.threads.append(thread)
+
+    def text(self, timeout=5):
+        for thread in self.threads:
+            thread.join(timeout)
+        self.threads = []
+        with self.lock:
+            data = b"".join(self.chunks)
+            self.chunks.clear()
+            self.kept = 0
+        return data.decode("utf-8", "replace")
+
+
 class Agent:
     def __init__(self, settings, command):
         self.settings = settings
-        self.command = command
+        self.command = list(command)
         self.peers = sorted(
             (Peer(int(rank), address) for rank, address in settings["peers"].items()),
             key=lambda peer: peer.rank,
         )
-        self.state = {"job": settings["job"], "rank": settings["rank"], "state": "starting"}
+        self.state = {
+            "job": settings["job"],
+            "rank": settings["rank"],
+            "state": "starting",
+            "attempt": 0,
+            "restarts": [],
+        }
         self.lock = threading.Lock()
         self.child = None
+        self.output = None
         self.terminated = False
 
     def answer(self):
@@ -137,6 +343,13 @@ class Agent:
     def set_state(self, **state):
         with self.lock:
             self.state.update(state)
+            text = json.dumps(self.state)
+        path = self.settings.get("state_file")
+        if path:
+            with contextlib.suppress(OSError):
+                with open(path + ".tmp", "w") as handle:
+                    handle.write(text + "\n")
+                os.rename(path + ".tmp", path)
 
     def serve(self, server):
         while True:
@@ -222,6 +435,148 @@ class Agent:
             time.sleep(1)
             self.poll_peers(time.time())
 
+    def start(self, command):
+        """Start the training; False when it cannot start."""
+        self.output = Output()
+        try:
+            self.child = subprocess.Popen(
+                command, start_new_session=True, stdout=subprocess.PIPE, stderr=subprocess.PIPE
+            )
+        except OSError as exc:
+            log(f"rank {self.settings['rank']}: cannot start {command[0]}: {exc}")
+            return False
+        self.output.follow(self.child.stdout, sys.stdout.buffer)
+        self.output.follow(self.child.stderr, sys.stderr.buffer)
+        return True
+
+    def watch(self, watching):
+        """Run one attempt until the training exits, a signal comes or another rank fails.
+        Returns (kind, why, code)."""
+        settings = self.settings
+        attempt = self.state["attempt"]
+        started = time.time()
+        ooms = oom_kills()
+        found = None
+        while True:
+            returncode = self.child.poll()
+            if returncode is not None or self.terminated:
+                break
+            if watching:
+                now = time.time()
+                self.poll_peers(now)
+                found = judge(self.peers, now, started, settings, attempt)
+                if found:
+                    break
+            slept = 0.0
+            while slept < settings["interval"] and not self.terminated:
+                if self.child.poll() is not None:
+                    break
+                time.sleep(0.2)
+                slept += 0.2
+        if found:
+            kind, why = found
+            log(f"rank {settings['rank']}: stopping this rank: {why}")
+            self.set_state(state="stopping", why=why)
+            self.stop_child()
+            self.output.text()
+            return kind, why, EXIT_PEER_LOST
+        if self.terminated:
+            self.stop_child()
+            code = exit_code(self.child.wait())
+            self.output.text()
+            return "stopped", f"stopped on purpose (exit {code})", code
+        code = exit_code(self.child.wait())
+        now_ooms = oom_kills()
+        oom = ooms is not None and now_ooms is not None and now_ooms > ooms
+        kind, why = classify(code, self.output.text(), oom)
+        log(f"rank {settings['rank']}: the training exited with code {code}")
+        return kind, why, code
+
+    def gather(self, attempt, deadline):
+        """Every rank's end of `attempt`: {rank: {kind, why, step}}; a rank that has not told
+        by the deadline and stopped answering counts as lost."""
+        while True:
+            now = time.time()
+            self.poll_peers(now)
+            ends = {}
+            for peer in self.peers:
+                state = peer.state or {}
+                told = state.get("end") and (
+                    _attempt(state) > attempt
+                    or (_attempt(state) == attempt and state.get("state") in ("ended", "exited"))
+                )
+                silent = (
+                    peer.last_seen is None or now - peer.last_seen > self.settings["peer_timeout"]
+                )
+                if told:
+                    ends[peer.rank] = state["end"]
+                elif silent:
+                    ends[peer.rank] = {"kind": "lost", "why": "stopped answering"}
+            if len(ends) == len(self.peers) or now > deadline or self.terminated:
+                for peer in self.peers:
+                    ends.setdefault(peer.rank, {"kind": "lost", "why": "did not say how it ended"})
+                return ends
+            time.sleep(1)
+
+    def barrier(self, attempt, deadline):
+        """Wait until every agent announced `attempt`. Returns their checkpoint lists, or None
+        when one gave up or the deadline passed."""
+        while time.time() < deadline and not self.terminated:
+            self.poll_peers(time.time())
+            states = [p.state or {} for p in self.peers]
+            if any(s.get("state") == "exited" for s in states):
+                return None
+            if all(_attempt(s) >= attempt for s in states):
+                return [s.get("checkpoints") or [] for s in states]
+            time.sleep(1)
+        return None
+
+    def restart(self, attempt, cause, step):
+        """Announce the next attempt, wait for every agent, relaunch from the newest common
+        checkpoint. Returns the new command, or None."""
+        settings = self.settings
+        output_dir = settings.get("output_dir") or ""
+        mine = complete_checkpoints(output_dir) if output_dir else []
+        self.set_state(state="restarting", attempt=attempt + 1, checkpoints=mine)
+        deadline = time.time() + self.settle_s()
+        theirs = self.barrier(attempt + 1, deadline)
+        if theirs is None:
+            log(f"rank {settings['rank']}: not restarted: another rank did not join the restart")
+            return None
+        common = set(mine).intersection(*[set(c) for c in theirs])
+        resume = max(common) if common else None
+        fresh = resume is None and bool(mine or any(theirs))
+        if resume is not None:
+            latest = os.path.join(output_dir, f"checkpoint-{resume}", "latest")
+            if not os.path.exists(latest):  # DeepSpeed marks the checkpoint on rank 0 only
+                with contextlib.suppress(OSError), open(latest, "w") as handle:
+                    handle.write(f"global_step{resume}")
+        lost = (step or 0) - (resume or 0)
+        report = {
+            "attempt": attempt + 1,
+            "kind": "killed",
+            "cause": cause,
+            "step": step,
+            "resume": resume,
+            "lost": lost,
+        }
+        self.set_state(restarts=self.state["restarts"] + [report])
+        log(
+            f"restart {attempt + 1} of {settings.get('max_restarts', 0)} on the nodes after "
+            f"{cause} at step {step if step is not None else '?'}: "
+            + (
+                f"resuming from checkpoint-{resume}"
+                if resume is not None
+                else "starting over (no checkpoint every rank holds)"
+            )
+            + f", {lost} steps lost"
+        )
+        return relaunch_command(self.command, output_dir, resume, fresh)
+
+    def settle_s(self):
+        """How long agents wait for each other between attempts: a rank's stop, its polls."""
+        return self.settings["stop_grace"] + 4 * self.settings["interval"] + 10
+
     def run(self):
         settings = self.settings
         signal.signal(signal.SIGTERM, self.on_signal)
@@ -234,51 +589,47 @@ class Agent:
                 f"{settings['port']} ({exc}): the other ranks are not watched"
             )
             server = None
-        if server is not None and self.peers:
+        watching = server is not None and bool(self.peers)
+        if watching:
             watched = ", ".join(p.name(settings["port"]) for p in self.peers)
             log(
                 f"rank {settings['rank']}: watching {watched}; a rank silent for "
                 f"{settings['peer_timeout']} s stops this one"
             )
-        started = time.time()
-        try:
-            self.child = subprocess.Popen(self.command, start_new_session=True)
-        except OSError as exc:
-            log(f"rank {settings['rank']}: cannot start {self.command[0]}: {exc}")
-            self.set_state(state="exited", code=127, why=f"cannot start {self.command[0]}")
-            if server is not None:
-                self.linger()
-            return 127
-        self.set_state(state="running", pid=self.child.pid, started=started)
-        why = None
+        command = self.command
         while True:
-            returncode = self.child.poll()
-            if returncode is not None or self.terminated:
+            attempt = self.state["attempt"]
+            if not self.start(command):
+                kind, why, code = "cannot-start", f"cannot start {command[0]}", 127
+            else:
+                self.set_state(
+                    state="running", pid=self.child.pid, started=time.time(), end=None, code=None
+                )
+                kind, why, code = self.watch(watching)
+            output_dir = settings.get("output_dir")
+            end = {"kind": kind, "why": why, "step": last_step(output_dir) if output_dir else None}
+            stay = settings.get("max_restarts") and (watching or not self.peers)
+            if kind == "done" or self.terminated or not stay:
                 break
-            if server is not None:
-                now = time.time()
-                self.poll_peers(now)
-                why = judge(self.peers, now, started, settings)
-                if why:
-                    break
-            slept = 0.0
-            while slept < settings["interval"] and not self.terminated:
-                if self.child.poll() is not None:
-                    break
-                time.sleep(0.2)
-                slept += 0.2
-        if why:
-            log(f"rank {settings['rank']}: stopping this rank: {why}")
-            self.set_state(state="stopping", why=why)
-            self.stop_child()
-            code = EXIT_PEER_LOST
-            self.set_state(state="exited", code=code, why=f"stopped by its agent: {why}")
-        else:
-            if self.terminated:
-                self.stop_child()
-            code = exit_code(self.child.wait())
-            self.set_state(state="exited", code=code)
-            log(f"rank {settings['rank']}: the training exited with code {code}")
+            self.set_state(state="ended", code=code, end=end, why=why)
+            ends = self.gather(attempt, time.time() + self.settle_s())
+            ends[settings["rank"]] = end
+            again, cause, reason = restart_decision(
+                ends, self.state["restarts"], settings["max_restarts"]
+            )
+            if not again:
+                log(f"rank {settings['rank']}: not restarted on the nodes: {reason} ({cause})")
+                break
+            step = max(e.get("step") or 0 for e in ends.values()) or None
+            command = self.restart(attempt, cause, step)
+            if command is None:
+                break
+        final = {"state": "exited", "code": code, "end": end}
+        if kind in ("peer", "lost", "unreachable"):
+            final["why"] = f"stopped by its agent: {why}"
+        elif kind == "cannot-start":
+            final["why"] = why
+        self.set_state(**final)
         if server is not None and not self.terminated:
             self.linger()
         return code

@@ -47,10 +47,11 @@ def peer(rank=1, first=None, last=None, state=None):
     ],
 )
 def test_judge(peers, now, expected):
-    why = rank_agent.judge(peers, now, 0, SETTINGS)
+    found = rank_agent.judge(peers, now, 0, SETTINGS)
     if expected is None:
-        assert why is None
+        assert found is None
     else:
+        _kind, why = found
         assert expected in why
         assert why.startswith("rank 1 (10.0.0.3:40000) ")
 
@@ -75,7 +76,9 @@ def free_port():
 class Job:
     """`size` agents of one job on loopback, rank r on 127.0.0.(r+2)."""
 
-    def __init__(self, tmp_path, commands, peer_timeout=4, rendezvous_timeout=30, absent=0):
+    def __init__(
+        self, tmp_path, commands, peer_timeout=4, rendezvous_timeout=30, absent=0, **extra
+    ):
         self.port = free_port()
         self.procs = []
         addresses = {r: f"127.0.0.{r + 2}" for r in range(len(commands) + absent)}
@@ -90,6 +93,7 @@ class Job:
                 "rendezvous_timeout": rendezvous_timeout,
                 "interval": 1,
                 "stop_grace": 2,
+                **{key: value(rank) for key, value in extra.items()},
             }
             path = tmp_path / f"agent{rank}.json"
             path.write_text(json.dumps(settings))
@@ -201,3 +205,221 @@ def test_a_command_that_cannot_start_is_named_and_stops_the_others(job, tmp_path
     )
     assert result.returncode == 127
     assert "cannot start /nonexistent/llamafactory-cli" in result.stderr
+
+
+# torchrun's summary when it gives up (the format of torch.distributed.elastic's ChildFailedError).
+TORCHRUN_FAILED = """[rank1]: Traceback (most recent call last):
+E1202 10:00:07.123000 41 torch/distributed/elastic/multiprocessing/api.py:869] failed (exitcode: -9)
+Traceback (most recent call last):
+torch.distributed.elastic.multiprocessing.errors.ChildFailedError:
+============================================================
+/usr/local/bin/llamafactory-cli FAILED
+------------------------------------------------------------
+Failures:
+  <NO_OTHER_FAILURES>
+------------------------------------------------------------
+Root Cause (first observed failure):
+[0]:
+  time      : 2026-12-02_10:00:07
+  host      : vm1
+  rank      : 1 (local_rank: 0)
+  exitcode  : {code} (pid: 57)
+  error_file: <N/A>
+  traceback : {traceback}
+============================================================
+"""
+
+
+@pytest.mark.parametrize(
+    ("code", "output", "oom", "kind"),
+    [
+        (0, "", False, "done"),
+        (137, "", False, "killed"),
+        (137, "", True, "oom"),
+        (
+            1,
+            TORCHRUN_FAILED.format(code=-9, traceback="Signal 9 (SIGKILL) received by PID 57"),
+            0,
+            "killed",
+        ),
+        (
+            1,
+            TORCHRUN_FAILED.format(code=-6, traceback="Signal 6 (SIGABRT) received by PID 57"),
+            0,
+            "error",
+        ),
+        (
+            1,
+            TORCHRUN_FAILED.format(code=1, traceback="To enable traceback see: ..."),
+            False,
+            "error",
+        ),
+        # A SIGKILL named outside the root cause (a worker stopped after the real failure).
+        (
+            1,
+            "exitcode  : -9 (pid: 3)\n" + TORCHRUN_FAILED.format(code=1, traceback="-"),
+            0,
+            "error",
+        ),
+        (1, "", False, "error"),
+    ],
+)
+def test_classify_names_a_killed_worker_from_torchruns_root_cause(code, output, oom, kind):
+    assert rank_agent.classify(code, output, oom)[0] == kind
+
+
+def end(kind, step=None):
+    return {"kind": kind, "why": kind, "step": step}
+
+
+@pytest.mark.parametrize(
+    ("ends", "restarts", "maximum", "restart", "why"),
+    [
+        ({0: end("peer", 23), 1: end("killed")}, [], 1, True, "a killed rank"),
+        ({0: end("error", 23), 1: end("killed")}, [], 1, True, "a killed rank"),
+        ({0: end("error", 23), 1: end("killed")}, [], 0, False, "no restart left"),
+        ({0: end("peer", 23), 1: end("error")}, [], 2, False, "failed on its own"),
+        ({0: end("error", 23), 1: end("error")}, [], 2, False, "failed on its own"),
+        ({0: end("lost", 23), 1: end("killed")}, [], 2, False, "a node is gone"),
+        ({0: end("peer", 23), 1: end("oom")}, [], 2, False, "out of memory"),
+        ({0: end("stopped"), 1: end("killed")}, [], 2, False, "on purpose"),
+        (
+            {0: end("peer", 23), 1: end("killed")},
+            [{"kind": "killed", "step": 23}],
+            2,
+            False,
+            "twice",
+        ),
+        (
+            {0: end("peer", 24), 1: end("killed")},
+            [{"kind": "killed", "step": 23}],
+            2,
+            True,
+            "killed",
+        ),
+        ({0: end("done", 60), 1: end("done")}, [], 2, False, "finished"),
+    ],
+)
+def test_restart_decision(ends, restarts, maximum, restart, why):
+    again, cause, reason = rank_agent.restart_decision(ends, restarts, maximum)
+    assert again is restart
+    assert why in reason
+    if cause:
+        assert cause.startswith("rank ")
+
+
+def test_the_relaunch_replaces_the_launchs_resume_arguments():
+    command = ["llamafactory-cli", "train", "c.yaml", "resume_from_checkpoint=/o/checkpoint-5"]
+    assert rank_agent.relaunch_command(command, "/o", 10, False)[3:] == [
+        "resume_from_checkpoint=/o/checkpoint-10"
+    ]
+    assert rank_agent.relaunch_command(command, "/o", None, True)[3:] == [
+        "overwrite_output_dir=true"
+    ]
+    assert rank_agent.relaunch_command(command, "/o", None, False) == command[:3]
+
+
+def checkpoint(root, step, *names):
+    folder = root / f"checkpoint-{step}"
+    folder.mkdir(parents=True)
+    for name in names:
+        (folder / name).mkdir() if name.startswith("global_step") else (folder / name).touch()
+
+
+def test_complete_checkpoints_follow_the_controllers_rule(tmp_path):
+    from ansible_collections.hostnet.llamafactory.plugins.module_utils import _job
+
+    checkpoint(tmp_path, 10, "trainer_state.json", "global_step10", "latest")
+    checkpoint(tmp_path, 20, "trainer_state.json", "latest")  # shards not written yet
+    checkpoint(tmp_path, 30, "adapter_model.safetensors")  # no trainer state
+    checkpoint(tmp_path, 40, "trainer_state.json", "adapter_model.safetensors")  # no DeepSpeed
+    (tmp_path / "checkpoint-x").mkdir()
+    listing = {p.name: [c.name for c in p.iterdir()] for p in tmp_path.iterdir()}
+    assert rank_agent.complete_checkpoints(str(tmp_path)) == [10, 40]
+    assert _job.complete_checkpoints(listing) == [10, 40]
+
+
+# A stand-in rank: killed (SIGKILL) the first time (every time with ALWAYS), then it notes the
+# arguments of its relaunch and finishes.
+KILLED_ONCE = """
+import os, signal, sys, time
+marker = MARKER
+if ALWAYS or not os.path.exists(marker):
+    open(marker, "w").close()
+    time.sleep(2)
+    os.kill(os.getpid(), signal.SIGKILL)
+open(marker + ".args", "w").write(" ".join(sys.argv[1:]))
+"""
+# The other rank: runs until its agent stops it, the first time (or always); then as KILLED_ONCE.
+STOPPED_ONCE = """
+import os, sys, time
+marker = MARKER
+if ALWAYS or not os.path.exists(marker):
+    open(marker, "w").close()
+    time.sleep(120)
+open(marker + ".args", "w").write(" ".join(sys.argv[1:]))
+"""
+
+
+def restartable(job, tmp_path, max_restarts, always=False):
+    """Rank 0 runs until stopped, rank 1 is killed; each has its own output folder: both hold
+    checkpoint-2, rank 0 also checkpoint-4, and rank 0's trainer log ends at step 5."""
+    outputs = [tmp_path / f"out{rank}" for rank in range(2)]
+    for output in outputs:
+        checkpoint(output, 2, "trainer_state.json", "global_step2")
+    checkpoint(outputs[0], 4, "trainer_state.json", "global_step4", "latest")
+    (outputs[0] / "trainer_log.jsonl").write_text('{"current_steps": 5, "total_steps": 9}\n')
+    commands = [
+        STOPPED_ONCE.replace("MARKER", repr(str(tmp_path / "marker0"))).replace(
+            "ALWAYS", repr(always)
+        ),
+        KILLED_ONCE.replace("MARKER", repr(str(tmp_path / "marker1"))).replace(
+            "ALWAYS", repr(always)
+        ),
+    ]
+    return job(
+        *commands,
+        peer_timeout=20,
+        max_restarts=lambda _rank: max_restarts,
+        output_dir=lambda rank: str(outputs[rank]),
+        state_file=lambda rank: str(tmp_path / f"state{rank}.json"),
+    ), outputs
+
+
+def test_a_killed_rank_restarts_the_job_on_the_nodes_from_the_common_checkpoint(job, tmp_path):
+    j, outputs = restartable(job, tmp_path, max_restarts=1)
+    for rank in (0, 1):
+        code, err = j.wait(rank, timeout=60)
+        assert code == 0, err
+    line = next(line for line in err.splitlines() if "restart 1 of 1" in line)
+    assert line.endswith(
+        "restart 1 of 1 on the nodes after rank 1 killed (SIGKILL, exit 137) at step 5: "
+        "resuming from checkpoint-2, 3 steps lost"
+    )
+    for rank in (0, 1):
+        args = (tmp_path / f"marker{rank}.args").read_text()
+        assert args == f"resume_from_checkpoint={outputs[rank]}/checkpoint-2"
+    # DeepSpeed's "latest" marker, which rank 1's node lacked.
+    assert (outputs[1] / "checkpoint-2" / "latest").read_text() == "global_step2"
+    state = json.loads((tmp_path / "state0.json").read_text())
+    assert state["state"] == "exited" and state["code"] == 0
+    assert [(r["attempt"], r["step"], r["resume"], r["lost"]) for r in state["restarts"]] == [
+        (1, 5, 2, 3)
+    ]
+
+
+def test_the_same_kill_at_the_same_step_twice_ends_the_job(job, tmp_path):
+    j, _outputs = restartable(job, tmp_path, max_restarts=3, always=True)
+    code, err = j.wait(1, timeout=90)
+    assert code == 137, err
+    assert "not restarted on the nodes: the same failure (killed) at the same step (5) twice" in err
+    assert "restart 1 of 3" in err and "restart 2 of 3" not in err
+    assert j.wait(0, timeout=30)[0] == rank_agent.EXIT_PEER_LOST
+
+
+def test_a_rank_that_fails_on_its_own_is_not_restarted(job, tmp_path):
+    j = job(SLEEP, "import sys, time; time.sleep(2); sys.exit(3)", max_restarts=lambda _r: 2)
+    code, err = j.wait(1, timeout=60)
+    assert code == 3, err
+    assert "not restarted on the nodes: a rank failed on its own" in err
+    assert j.wait(0, timeout=30)[0] == rank_agent.EXIT_PEER_LOST
