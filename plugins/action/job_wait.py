@@ -36,6 +36,7 @@ ARGUMENT_SPEC = dict(
     name=dict(type="str", required=True),
     job=dict(type="str", required=True),
     output_dir=dict(type="str", required=True),
+    agent_state=dict(type="str"),
     ranks=dict(type="dict", required=True),
     timeout=dict(type="int", default=86400),
     stall_timeout=dict(type="int", default=1800),
@@ -72,6 +73,8 @@ class ActionModule(ActionBase):
         stale_after = max(120.0, 6 * args["interval"])
         started = time.time()
         shown, shown_at = None, 0.0
+        restarts_shown = 0
+        result["restarts"] = []
         controller = os.getppid()  # ansible-playbook's main process (this runs in its fork)
         while True:
             if os.getppid() != controller:
@@ -93,6 +96,12 @@ class ActionModule(ActionBase):
             else:
                 outcome = job.verdict(reports, now, args["stall_timeout"], stale_after)
             elapsed = now - started
+            restarts = (report.get("agent") or {}).get("restarts") or []
+            result["restarts"] = restarts
+            if leader:
+                for restart in restarts[restarts_shown:]:
+                    display.display("[%s] %s" % (args["job"], restart.get("message", restart)))
+                restarts_shown = len(restarts)
             if leader and (outcome["line"] != shown or now - shown_at >= args["progress_every"]):
                 display.display(
                     "[%s] %s | %.0f s of %d s"
@@ -134,6 +143,7 @@ class ActionModule(ActionBase):
             module_args=dict(
                 name=args["name"],
                 output_dir=args["output_dir"],
+                agent_state=args["agent_state"],
                 tail=tail or args["tail"],
                 stop=stop,
                 stop_timeout=args["stop_timeout"],

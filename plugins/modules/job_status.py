@@ -42,6 +42,11 @@ options:
     description: How many of the newest log lines to return.
     type: int
     default: 40
+  agent_state:
+    description:
+      - The state file of the rank's agent (C(roles/launch/files/rank_agent.py)), which names the
+        restarts it made on the nodes. Unset, or absent on the node - no O(agent) returned.
+    type: path
   stop:
     description: Stop the container (if it runs) before reporting.
     type: bool
@@ -107,6 +112,13 @@ checkpoints:
   type: list
   elements: int
   sample: [10, 20]
+agent:
+  description: The rank agent's state when O(agent_state) names a readable file - its attempt
+    and the restarts it made on the nodes (cause, step, checkpoint resumed from, steps lost,
+    message), else null.
+  returned: always
+  type: dict
+  sample: {state: running, attempt: 1, restarts: [{attempt: 1, step: 23, resume: 20, lost: 3}]}
 now:
   description: The node's clock, epoch seconds.
   returned: always
@@ -114,6 +126,7 @@ now:
   sample: 1796024741.52
 """
 
+import json
 import os
 import time
 
@@ -160,6 +173,21 @@ def checkpoint_listing(output_dir):
     return listing
 
 
+def agent_state(path):
+    """The agent's state file as a dict, or None (no agent, not written yet, half written)."""
+    if not path:
+        return None
+    try:
+        with open(path) as handle:
+            state = json.load(handle)
+    except (IOError, OSError, ValueError):
+        return None
+    if not isinstance(state, dict):
+        return None
+    keep = ("state", "attempt", "code", "restarts")
+    return dict((key, state[key]) for key in keep if key in state)
+
+
 def query(docker, params, check_mode):
     """The container's inspect (None when absent), its log text (stdout, stderr) and whether it
     was stopped. Raises DockerError."""
@@ -189,6 +217,7 @@ def main():
         argument_spec=dict(
             name=dict(type="str", required=True),
             output_dir=dict(type="path"),
+            agent_state=dict(type="path"),
             tail=dict(type="int", default=40),
             stop=dict(type="bool", default=False),
             stop_timeout=dict(type="int", default=10),
@@ -214,6 +243,7 @@ def main():
     result["checkpoints"] = (
         job.complete_checkpoints(checkpoint_listing(output_dir)) if output_dir else []
     )
+    result["agent"] = agent_state(params["agent_state"])
     module.exit_json(**result)
 
 

@@ -45,6 +45,11 @@ options:
     description: The job's output folder on the nodes.
     type: str
     required: true
+  agent_state:
+    description:
+      - The state file of each rank's agent on its node. The restarts the agents made on the
+        nodes are then shown as they happen (rank 0's), and returned in RV(restarts).
+    type: str
   ranks:
     description: Every node of the job (inventory host name) with its node rank.
     type: dict
@@ -131,6 +136,14 @@ failed_ranks:
   type: list
   elements: int
   sample: [1, 0]
+restarts:
+  description: The restarts the agents made on the nodes during this wait or before it (this
+    rank's agent's, since its container started) - attempt, cause, step, resume (the checkpoint),
+    lost (steps) and message.
+  returned: always
+  type: list
+  elements: dict
+  sample: [{attempt: 1, cause: "rank 1 killed (SIGKILL, exit 137)", step: 23, resume: 20, lost: 3}]
 restart:
   description:
     - Whether relaunching from the newest checkpoint every rank holds can cure the failure (the

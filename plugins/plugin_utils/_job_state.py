@@ -266,6 +266,27 @@ def restart_advice(result, reports, findings=()):
     return advice
 
 
+def decide_restart(advice, restarts, max_restarts):
+    """Whether the controller relaunches after `advice` (restart_advice, or a stopped VM's),
+    given the restarts so far (controller's and agents', each with its kind and step):
+    {restart, why}."""
+    if not advice.get("restartable"):
+        return {"restart": False, "why": advice.get("why") or "it cannot be cured by a restart"}
+    if len(restarts) >= max_restarts:
+        return {
+            "restart": False,
+            "why": "no restart left (launch_max_restarts %d)" % max_restarts,
+        }
+    last = restarts[-1] if restarts else {}
+    if last.get("kind") == advice.get("kind") and last.get("step") == advice.get("step"):
+        return {
+            "restart": False,
+            "why": "the same failure (%s) at the same step (%s) twice"
+            % (advice.get("kind"), advice.get("step")),
+        }
+    return {"restart": True, "why": ""}
+
+
 def condense(lines):
     """Log lines without the repeats (warnings printed every step), each kept where it last
     appeared, noting how many went."""

@@ -34,7 +34,8 @@ EXIT_PEER_LOST when it stopped its training because of another rank.
 
 AGENT.json: job, rank, address and port to listen on, peers ({rank: address}, every rank's
 agent listens on the same port), peer_timeout, rendezvous_timeout, interval, stop_grace,
-max_restarts, output_dir (checkpoints, trainer_log.jsonl), state_file (the agent's state, JSON,
+max_restarts (of the job, restarts_before of them made by the controller before this launch),
+output_dir (checkpoints, trainer_log.jsonl), state_file (the agent's state, JSON,
 for the controller's wait). Python 3.6+, standard library only: it runs in whatever image the job
 uses.
 """
@@ -140,10 +141,11 @@ def classify(code, output, oom):
     return "error", f"exited with code {code}"
 
 
-def restart_decision(ends, restarts, max_restarts):
+def restart_decision(ends, restarts, max_restarts, before=0):
     """Whether the job restarts on the nodes after an attempt. `ends` maps rank -> {kind, why,
-    step} for every rank (a rank that did not tell counts as lost), `restarts` the restarts so
-    far ({kind, step}). Returns (restart, cause, why). Pure, unit-tested."""
+    step} for every rank (a rank that did not tell counts as lost), `restarts` this agent's
+    restarts so far ({kind, step}), `before` the controller's before this launch. Returns
+    (restart, cause, why). Pure, unit-tested."""
     ranks = sorted(ends)
     kinds = [ends[r]["kind"] for r in ranks]
     incurable = [r for r in ranks if ends[r]["kind"] in INCURABLE]
@@ -172,7 +174,7 @@ def restart_decision(ends, restarts, max_restarts):
                 "training would fail again"
             ),
         )
-    if len(restarts) >= max_restarts:
+    if before + len(restarts) >= max_restarts:
         return False, cause, f"no restart left (max_restarts {max_restarts})"
     if restarts and restarts[-1].get("kind") == "killed" and restarts[-1].get("step") == step:
         return False, cause, f"the same failure (killed) at the same step ({step}) twice"
@@ -560,9 +562,9 @@ class Agent:
             "resume": resume,
             "lost": lost,
         }
-        self.set_state(restarts=self.state["restarts"] + [report])
-        log(
-            f"restart {attempt + 1} of {settings.get('max_restarts', 0)} on the nodes after "
+        report["message"] = (
+            f"restart {settings.get('restarts_before', 0) + len(self.state['restarts']) + 1} of "
+            f"{settings.get('max_restarts', 0)} on the nodes after "
             f"{cause} at step {step if step is not None else '?'}: "
             + (
                 f"resuming from checkpoint-{resume}"
@@ -571,6 +573,8 @@ class Agent:
             )
             + f", {lost} steps lost"
         )
+        self.set_state(restarts=[*self.state["restarts"], report])
+        log(report["message"])
         return relaunch_command(self.command, output_dir, resume, fresh)
 
     def settle_s(self):
@@ -589,6 +593,7 @@ class Agent:
                 f"{settings['port']} ({exc}): the other ranks are not watched"
             )
             server = None
+        self.set_state(state="starting")  # replaces the state file of an earlier launch
         watching = server is not None and bool(self.peers)
         if watching:
             watched = ", ".join(p.name(settings["port"]) for p in self.peers)
@@ -615,7 +620,10 @@ class Agent:
             ends = self.gather(attempt, time.time() + self.settle_s())
             ends[settings["rank"]] = end
             again, cause, reason = restart_decision(
-                ends, self.state["restarts"], settings["max_restarts"]
+                ends,
+                self.state["restarts"],
+                settings["max_restarts"],
+                settings.get("restarts_before", 0),
             )
             if not again:
                 log(f"rank {settings['rank']}: not restarted on the nodes: {reason} ({cause})")

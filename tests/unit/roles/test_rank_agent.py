@@ -302,6 +302,8 @@ def end(kind, step=None):
 )
 def test_restart_decision(ends, restarts, maximum, restart, why):
     again, cause, reason = rank_agent.restart_decision(ends, restarts, maximum)
+    if again:  # the controller's restarts before this launch count too
+        assert not rank_agent.restart_decision(ends, restarts, maximum, before=maximum)[0]
     assert again is restart
     assert why in reason
     if cause:

@@ -168,3 +168,18 @@ def test_no_daemon_fails_saying_so(tmp_path):
     result = run_module(tmp_path, name="x", docker_socket=str(tmp_path / "docker.sock"))
     assert result["failed"] is True
     assert result["msg"].startswith("cannot query container x: there is no Docker daemon socket")
+
+
+def test_the_agents_state_is_read_and_a_half_written_one_ignored(tmp_path):
+    path = tmp_path / "agent-state.json"
+    assert job_status.agent_state(None) is None
+    assert job_status.agent_state(str(path)) is None  # not written yet
+    path.write_text('{"state": "running", "attempt": 1, "pid": 7, "restarts": [{"step": 5')
+    assert job_status.agent_state(str(path)) is None
+    restarts = [{"attempt": 1, "step": 5, "resume": 2, "lost": 3, "message": "restart 1 of 1"}]
+    path.write_text(json.dumps({"state": "running", "attempt": 1, "pid": 7, "restarts": restarts}))
+    assert job_status.agent_state(str(path)) == {
+        "state": "running",
+        "attempt": 1,
+        "restarts": restarts,
+    }

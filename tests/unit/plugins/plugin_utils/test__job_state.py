@@ -488,3 +488,31 @@ def test_a_stalled_job_is_not_restarted():
     assert result["state"] == "stalled"
     advice = job.restart_advice(result, reports)
     assert not advice["restartable"] and advice["kind"] == "stalled"
+
+
+KILLED_AT_23 = {"restartable": True, "kind": "killed", "step": 23, "why": "killed"}
+
+
+@pytest.mark.parametrize(
+    ("advice", "restarts", "maximum", "restart", "why"),
+    [
+        (KILLED_AT_23, [], 1, True, ""),
+        (KILLED_AT_23, [], 0, False, "no restart left (launch_max_restarts 0)"),
+        # An agent's restart on the nodes counts against the same budget.
+        (KILLED_AT_23, [{"kind": "killed", "step": 11}], 1, False, "no restart left"),
+        (KILLED_AT_23, [{"kind": "killed", "step": 11}], 2, True, ""),
+        (KILLED_AT_23, [{"kind": "killed", "step": 23}], 2, False, "the same failure (killed) at"),
+        (KILLED_AT_23, [{"kind": "lost", "step": 23}], 2, True, ""),
+        (
+            {"restartable": False, "kind": "exited", "why": "it failed on its own"},
+            [],
+            2,
+            False,
+            "it failed on its own",
+        ),
+    ],
+)
+def test_decide_restart(advice, restarts, maximum, restart, why):
+    decision = job.decide_restart(advice, restarts, maximum)
+    assert decision["restart"] is restart
+    assert decision["why"].startswith(why)
