@@ -214,3 +214,57 @@ def test_a_stopped_vm_is_started_the_job_resumes_and_the_vms_stop_when_done(
     assert f"llamafactory-job={job} (has none)" in message
     for vm in vms:
         assert box.instance(vm.name)["status"] == "RUNNING"
+
+
+def test_a_killed_worker_restarts_the_job_on_the_nodes_without_the_controller(
+    train_cluster, tmp_path
+):
+    """launch_wait false and launch_max_restarts 1: a worker of rank 1 killed (SIGKILL) after
+    the first checkpoint; the agents restart every rank in its own container from the newest
+    checkpoint both hold, and a re-attach shows the restart and follows the job to its end."""
+    inventory, (vm0, vm1) = train_cluster
+    job = "e2e-agent"
+    steps = {"max_steps": 100, "save_steps": 10}
+    rc, _stats, failures, _events = play(
+        inventory,
+        tmp_path / "start",
+        job,
+        launch_wait=False,
+        launch_max_restarts=1,
+        llamafactory_train_overrides=steps,
+    )
+    assert rc == 0, failures
+    shard = f"{JOBS}/{job}/output/checkpoint-10/global_step10"
+    wait_until(
+        lambda: all(vm.sh(f"test -d {shard}", check=False).returncode == 0 for vm in (vm0, vm1)),
+        600,
+        "the first checkpoint on both nodes",
+    )
+    time.sleep(1)
+    started = [container(vm, job)["State"]["StartedAt"] for vm in (vm0, vm1)]
+    top = vm1.sh(f"docker top llamafactory-{job} -eo pid,args").stdout
+    worker = next(  # torchrun's worker process, not torchrun itself
+        line.split()[0]
+        for line in top.splitlines()
+        if "launcher.py" in line and "torchrun" not in line
+    )
+    vm1.sh(f"kill -9 {worker}")
+
+    rc, _stats, failures, events = attach(inventory, tmp_path / "attach", job, overrides=steps)
+    assert rc == 0, failures
+    line = next(line for line in shown(events).splitlines() if " on the nodes after " in line)
+    assert (
+        f"[{job}] restart 1 of 1 on the nodes after rank 1 a worker was killed (SIGKILL; "
+        "the launcher exited 1) at step " in line
+    ), line
+    failed_at = int(line.split(" at step ")[1].split(":")[0])
+    resumed_at = int(line.split("resuming from checkpoint-")[1].split(",")[0])
+    lost = int(line.split(", ")[-1].split(" steps lost")[0])
+    assert resumed_at >= 10 and lost == failed_at - resumed_at
+    assert "restarted 1 time(s)" in said(events)
+    # The same containers: their agents relaunched the training, not the controller.
+    assert [container(vm, job)["State"]["StartedAt"] for vm in (vm0, vm1)] == started
+    steps_logged = trainer_steps(vm0, job)
+    back = next(i for i in range(1, len(steps_logged)) if steps_logged[i] <= steps_logged[i - 1])
+    assert steps_logged[back - 1] == failed_at and steps_logged[back] == resumed_at + 1
+    assert steps_logged[-1] == 100

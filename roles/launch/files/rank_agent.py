@@ -58,6 +58,8 @@ CHECKPOINT = re.compile(r"^checkpoint-(\d+)$")
 # torchrun's summary when a worker died of SIGKILL: its root cause names the signal.
 ROOT_CAUSE = "Root Cause (first observed failure)"
 KILLED_WORKER = re.compile(r"exitcode\s*:\s*-9\b|Signal 9 \(SIGKILL\)")
+# llamafactory-cli when the torchrun it started was killed (subprocess.CalledProcessError).
+KILLED_LAUNCHER = re.compile(r"Command '\[.torchrun.*died with <Signals\.SIGKILL: 9>")
 RELAUNCH_ARGS = ("resume_from_checkpoint=", "overwrite_output_dir=")
 
 # How an attempt ended on one rank ("kind" of its end):
@@ -138,6 +140,8 @@ def classify(code, output, oom):
     summary = output[output.rfind(ROOT_CAUSE) :] if ROOT_CAUSE in output else ""
     if summary and KILLED_WORKER.search(summary):
         return "killed", f"a worker was killed (SIGKILL; the launcher exited {code})"
+    if KILLED_LAUNCHER.search(output[-4096:]):
+        return "killed", f"torchrun was killed (SIGKILL; llamafactory-cli exited {code})"
     return "error", f"exited with code {code}"
 
 
@@ -152,7 +156,8 @@ def restart_decision(ends, restarts, max_restarts, before=0):
     curable = [r for r in ranks if ends[r]["kind"] in CURABLE]
     step = max([ends[r].get("step") or 0 for r in ranks] or [0]) or None
     first = (incurable or curable or [r for r in ranks if ends[r]["kind"] != "done"] or ranks)[0]
-    cause = f"rank {first} {ends[first]['why']}"
+    why = ends[first]["why"]
+    cause = why if why.startswith("rank ") else f"rank {first} {why}"
     if all(kind == "done" for kind in kinds):
         return False, None, "finished"
     if incurable:
@@ -414,6 +419,11 @@ class Agent:
                 os.killpg(self.child.pid, signal.SIGKILL)
             self.child.wait()
 
+    def end_group(self):
+        """Kill what the training left in its process group (workers whose launcher died)."""
+        with contextlib.suppress(OSError):
+            os.killpg(self.child.pid, signal.SIGKILL)
+
     def on_signal(self, signum, _frame):
         self.terminated = True
         log(f"rank {self.settings['rank']}: signal {signum}, stopping the training")
@@ -480,14 +490,17 @@ class Agent:
             log(f"rank {settings['rank']}: stopping this rank: {why}")
             self.set_state(state="stopping", why=why)
             self.stop_child()
+            self.end_group()
             self.output.text()
             return kind, why, EXIT_PEER_LOST
         if self.terminated:
             self.stop_child()
             code = exit_code(self.child.wait())
+            self.end_group()
             self.output.text()
             return "stopped", f"stopped on purpose (exit {code})", code
         code = exit_code(self.child.wait())
+        self.end_group()
         now_ooms = oom_kills()
         oom = ooms is not None and now_ooms is not None and now_ooms > ooms
         kind, why = classify(code, self.output.text(), oom)

@@ -230,6 +230,14 @@ Root Cause (first observed failure):
 """
 
 
+LAUNCHER_KILLED = (
+    "subprocess.CalledProcessError: Command '['torchrun', '--nnodes', '2', '--node_rank', '1', "
+    "'--nproc_per_node', '1', '--master_addr', '198.18.32.10', '--master_port', '29807', "
+    "'/opt/llamafactory/lib/python3.11/site-packages/llamafactory/launcher.py', "
+    "'/var/lib/llamafactory/jobs/e2e-agent/config.yaml']' died with <Signals.SIGKILL: 9>.\n"
+)
+
+
 @pytest.mark.parametrize(
     ("code", "output", "oom", "kind"),
     [
@@ -262,6 +270,9 @@ Root Cause (first observed failure):
             "error",
         ),
         (1, "", False, "error"),
+        # llamafactory-cli when the torchrun it runs was killed (captured on the local box).
+        (1, LAUNCHER_KILLED, False, "killed"),
+        (1, LAUNCHER_KILLED.replace("SIGKILL: 9", "SIGTERM: 15"), False, "error"),
     ],
 )
 def test_classify_names_a_killed_worker_from_torchruns_root_cause(code, output, oom, kind):
