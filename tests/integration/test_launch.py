@@ -331,6 +331,14 @@ def test_a_killed_rank_is_restarted_from_the_common_checkpoint(train_cluster, tm
     resumed_at = int(restart.split("resuming from checkpoint-")[1].split(",")[0])
     lost = int(restart.split(", ")[-1].split(" steps lost")[0])
     assert resumed_at >= 10 and lost == failed_at - resumed_at
+    summary = next(
+        e["event_data"]["res"]["msg"]
+        for e in events
+        if e.get("event") == "runner_on_ok" and "Summarize the run" in e["event_data"]["task"]
+    )
+    assert summary[-1] == (
+        f"restarted 1 time(s), {lost} steps lost: rank 1 (vm1) killed (SIGKILL, exit 137)"
+    )
     assert f"global step {resumed_at}" in logs(vm0, job)
     # LLaMA-Factory appends to trainer_log.jsonl when resuming: the resumed run's first step is
     # the checkpoint's + 1, and the job ends at its last step.
