@@ -45,7 +45,7 @@ options:
   agent_state:
     description:
       - The state file of the rank's agent (C(roles/launch/files/rank_agent.py)), which names the
-        restarts it made on the nodes. Unset, or absent on the node - no O(agent) returned.
+        restarts it made on the nodes. Unset, or absent on the node - RV(agent) is null.
     type: path
   stop:
     description: Stop the container (if it runs) before reporting.

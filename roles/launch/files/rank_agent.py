@@ -237,7 +237,7 @@ def oom_kills():
         try:
             with open(path) as handle:
                 for line in handle:
-                    key, _, value = line.partition(" ")
+                    key, _sep, value = line.partition(" ")
                     if key == "oom_kill":
                         return int(value)
         except (OSError, ValueError):
