@@ -508,8 +508,8 @@ class Agent:
         return kind, why, code
 
     def gather(self, attempt, deadline):
-        """Every rank's end of `attempt`: {rank: {kind, why, step}}; a rank that has not told
-        by the deadline and stopped answering counts as lost."""
+        """Every rank's end of `attempt`: {rank: {kind, why, step}}; a rank silent for
+        peer_timeout, or that has not told by the deadline, counts as lost."""
         while True:
             now = time.time()
             self.poll_peers(now)
@@ -520,9 +520,8 @@ class Agent:
                     _attempt(state) > attempt
                     or (_attempt(state) == attempt and state.get("state") in ("ended", "exited"))
                 )
-                silent = (
-                    peer.last_seen is None or now - peer.last_seen > self.settings["peer_timeout"]
-                )
+                timeout = self.settings["peer_timeout"]
+                silent = peer.last_seen is not None and timeout and now - peer.last_seen > timeout
                 if told:
                     ends[peer.rank] = state["end"]
                 elif silent:
@@ -539,10 +538,10 @@ class Agent:
         while time.time() < deadline and not self.terminated:
             self.poll_peers(time.time())
             states = [p.state or {} for p in self.peers]
-            if any(s.get("state") == "exited" for s in states):
-                return None
-            if all(_attempt(s) >= attempt for s in states):
+            if all(_attempt(s) >= attempt for s in states):  # joined (or already through)
                 return [s.get("checkpoints") or [] for s in states]
+            if any(s.get("state") == "exited" and _attempt(s) < attempt for s in states):
+                return None  # gave up
             time.sleep(1)
         return None
 
@@ -627,8 +626,8 @@ class Agent:
             output_dir = settings.get("output_dir")
             end = {"kind": kind, "why": why, "step": last_step(output_dir) if output_dir else None}
             stay = settings.get("max_restarts") and (watching or not self.peers)
-            if kind == "done" or self.terminated or not stay:
-                break
+            if kind in ("done", *INCURABLE) or self.terminated or not stay:
+                break  # nothing the others say can make a restart possible
             self.set_state(state="ended", code=code, end=end, why=why)
             ends = self.gather(attempt, time.time() + self.settle_s())
             ends[settings["rank"]] = end

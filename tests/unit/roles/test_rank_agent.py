@@ -401,9 +401,9 @@ def restartable(job, tmp_path, max_restarts, always=False):
 
 def test_a_killed_rank_restarts_the_job_on_the_nodes_from_the_common_checkpoint(job, tmp_path):
     j, outputs = restartable(job, tmp_path, max_restarts=1)
-    for rank in (0, 1):
-        code, err = j.wait(rank, timeout=60)
-        assert code == 0, err
+    ends = [j.wait(rank, timeout=60) for rank in (0, 1)]
+    assert [code for code, _err in ends] == [0, 0], "\n".join(err for _code, err in ends)
+    err = ends[1][1]
     line = next(line for line in err.splitlines() if "restart 1 of 1" in line)
     assert line.endswith(
         "restart 1 of 1 on the nodes after rank 1 killed (SIGKILL, exit 137) at step 5: "
