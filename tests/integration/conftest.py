@@ -246,3 +246,15 @@ def summarize(result: ansible_run.Run):
 def container(vm, job):
     result = vm.sh(f"docker inspect llamafactory-{job}", check=False)
     return json.loads(result.stdout)[0] if result.returncode == 0 else None
+
+
+def kill_worker(vm, job):
+    """SIGKILL to the rank's training worker (torchrun's child, not torchrun), as the host's
+    OOM killer or an operator would."""
+    top = vm.sh(f"docker top llamafactory-{job} -eo pid,args").stdout
+    worker = next(
+        line.split()[0]
+        for line in top.splitlines()
+        if "launcher.py" in line and "torchrun" not in line
+    )
+    vm.sh(f"kill -9 {worker}")

@@ -11,6 +11,7 @@ from conftest import (
     PULL_VARS,
     container,
     follow_restarts,
+    kill_worker,
     play,
     run_playbook,
     summarize,
@@ -66,18 +67,6 @@ def said(events):
     return "\n".join(found)
 
 
-def kill_worker(vm, job):
-    """SIGKILL to the rank's training worker (torchrun's child), as the kernel's OOM killer of
-    the host, or an operator, would."""
-    top = vm.sh(f"docker top llamafactory-{job} -eo pid,args").stdout
-    worker = next(
-        line.split()[0]
-        for line in top.splitlines()
-        if "launcher.py" in line and "torchrun" not in line
-    )
-    vm.sh(f"kill -9 {worker}")
-
-
 def agent_restarts(vm, job):
     text = vm.sh(f"cat {JOBS}/{job}/agent-state.json", check=False).stdout
     try:
@@ -129,14 +118,17 @@ def test_a_vanished_node_ends_the_job_within_the_bound_without_the_controller(
     )
     assert restart["resume"] >= 10 and restart["lost"] == restart["step"] - restart["resume"]
 
+    # The first run logged steps 1 to the failure's; the resumed run appends from there.
+    failed_at = restart["step"]
+
     def resumed():
         steps = trainer_steps(vm0, job)
-        return next((i for i in range(1, len(steps)) if steps[i] <= steps[i - 1]), None)
+        return steps if len(steps) > failed_at else None
 
-    back = wait_until(resumed, 300, "training again after the restart")
+    steps = wait_until(resumed, 300, "training again after the restart")
     print(f"BENCH agent-restart: training again {time.monotonic() - killed:.1f} s after the kill")
-    steps = trainer_steps(vm0, job)
-    assert steps[back - 1] == restart["step"] and steps[back] == restart["resume"] + 1
+    assert steps[:failed_at] == list(range(1, failed_at + 1))
+    assert steps[failed_at] == restart["resume"] + 1
     assert [container(vm, job)["State"]["StartedAt"] for vm in (vm0, vm1)] == started
 
     # Re-attach, then the controller is killed in the middle of its wait (ansible-runner's
