@@ -145,6 +145,11 @@ def classify(code, output, oom):
     return "error", f"exited with code {code}"
 
 
+def failure_step(ends):
+    """The step the job failed at: the newest any rank's trainer log names, or None."""
+    return max([end.get("step") or 0 for end in ends.values()] or [0]) or None
+
+
 def restart_decision(ends, restarts, max_restarts, before=0):
     """Whether the job restarts on the nodes after an attempt. `ends` maps rank -> {kind, why,
     step} for every rank (a rank that did not tell counts as lost), `restarts` this agent's
@@ -154,7 +159,7 @@ def restart_decision(ends, restarts, max_restarts, before=0):
     kinds = [ends[r]["kind"] for r in ranks]
     incurable = [r for r in ranks if ends[r]["kind"] in INCURABLE]
     curable = [r for r in ranks if ends[r]["kind"] in CURABLE]
-    step = max([ends[r].get("step") or 0 for r in ranks] or [0]) or None
+    step = failure_step(ends)
     first = (incurable or curable or [r for r in ranks if ends[r]["kind"] != "done"] or ranks)[0]
     why = ends[first]["why"]
     cause = why if why.startswith("rank ") else f"rank {first} {why}"
@@ -486,24 +491,20 @@ class Agent:
                 time.sleep(0.2)
                 slept += 0.2
         if found:
-            kind, why = found
-            log(f"rank {settings['rank']}: stopping this rank: {why}")
-            self.set_state(state="stopping", why=why)
+            log(f"rank {settings['rank']}: stopping this rank: {found[1]}")
+            self.set_state(state="stopping", why=found[1])
+        if found or self.terminated:
             self.stop_child()
-            self.end_group()
-            self.output.text()
-            return kind, why, EXIT_PEER_LOST
-        if self.terminated:
-            self.stop_child()
-            code = exit_code(self.child.wait())
-            self.end_group()
-            self.output.text()
-            return "stopped", f"stopped on purpose (exit {code})", code
         code = exit_code(self.child.wait())
         self.end_group()
+        output = self.output.text()
+        if found:
+            return found[0], found[1], EXIT_PEER_LOST
+        if self.terminated:
+            return "stopped", f"stopped on purpose (exit {code})", code
         now_ooms = oom_kills()
         oom = ooms is not None and now_ooms is not None and now_ooms > ooms
-        kind, why = classify(code, self.output.text(), oom)
+        kind, why = classify(code, output, oom)
         log(f"rank {settings['rank']}: the training exited with code {code}")
         return kind, why, code
 
@@ -640,8 +641,7 @@ class Agent:
             if not again:
                 log(f"rank {settings['rank']}: not restarted on the nodes: {reason} ({cause})")
                 break
-            step = max(e.get("step") or 0 for e in ends.values()) or None
-            command = self.restart(attempt, cause, step)
+            command = self.restart(attempt, cause, failure_step(ends))
             if command is None:
                 break
         final = {"state": "exited", "code": code, "end": end}
