@@ -3,7 +3,7 @@ Gloo on CPU) across two VMs, each rank in a host-networked container of the VM's
 
 Each test uses its own job name (its own containers, folders and port), so the tests share the
 session's cluster without depending on each other, except where a test says it continues one
-job (the re-run of `e2e` and the resume of `e2e-kill`).
+job (the re-run of `e2e`).
 """
 
 import json
@@ -200,24 +200,51 @@ def test_a_changed_job_is_refused_and_left_alone(e2e):
     )
 
 
-def test_a_rerun_attaches_to_the_running_job_and_a_change_restarts_when_allowed(
+def test_a_rerun_attaches_and_a_killed_rank_is_restarted_from_the_common_checkpoint(
     train_cluster, tmp_path
 ):
+    """Detached, then re-run while it trains: the re-run attaches to the running ranks. With it
+    attached and launch_max_restarts 1, a worker of rank 1 is killed (SIGKILL) after a
+    checkpoint: the ranks' agents restart every rank from the newest checkpoint both hold, in the
+    same containers; the wait shows it, the job finishes at its last step and the play passes.
+    Then a changed job replaces the finished one only when allowed, and stop.yml stops it. The
+    controller's own relaunch (a VM lost) is in test_launch_failures.py's stopped-VM test; the
+    decision for a container killed (exit 137) in the unit tests of restart_advice."""
     inventory, vms = train_cluster
+    vm0, vm1 = vms
     job = "e2e-attach"
-    longer = {"max_steps": 150, "save_steps": 50}  # still training when the re-run looks
+    # Still training when the re-run reaches its wait, with a checkpoint to restart from.
+    longer = {"max_steps": 150, "save_steps": 10}
+    settings = {"launch_max_restarts": 1, "llamafactory_train_overrides": longer}
     rc, _stats, failures, _events = play(
-        inventory, tmp_path / "start", job, launch_wait=False, llamafactory_train_overrides=longer
+        inventory, tmp_path / "start", job, launch_wait=False, **settings
     )
     assert rc == 0, failures
     started = [container(vm, job) for vm in vms]
     assert all(info["State"]["Running"] for info in started)
     # A re-run while it trains: the running ranks are kept and waited for.
-    rc, _stats, failures, events = play(
-        inventory, tmp_path / "attach", job, llamafactory_train_overrides=longer
-    )
-    assert rc == 0, failures
-    assert "job e2e-attach is already running" in decision_of(events)
+    outcome = {}
+
+    def rerun():
+        outcome["result"] = play(inventory, tmp_path / "attach", job, **settings)
+
+    thread = threading.Thread(target=rerun)
+    thread.start()
+    shard = f"{JOBS}/{job}/output/checkpoint-10/global_step10"
+    deadline = time.monotonic() + 600
+    while time.monotonic() < deadline and thread.is_alive():
+        if task_started(tmp_path / "attach", "Wait for every rank") and all(
+            vm.sh(f"test -d {shard}", check=False).returncode == 0 for vm in vms
+        ):
+            break
+        time.sleep(0.5)
+    assert thread.is_alive(), f"the re-run ended before the kill: {outcome}"
+    kill_worker(vm1, job)
+    thread.join(timeout=600)
+    assert not thread.is_alive(), "the playbook did not end"
+    rc, _stats, failures, events = outcome["result"]
+    assert rc == 0, failures  # the play passes after one restart
+    assert f"job {job} is already running" in decision_of(events)
     for vm, before in zip(vms, started, strict=True):
         after = container(vm, job)
         assert (after["Id"], after["State"]["StartedAt"]) == (
@@ -225,12 +252,39 @@ def test_a_rerun_attaches_to_the_running_job_and_a_change_restarts_when_allowed(
             before["State"]["StartedAt"],
         )
         assert after["State"]["ExitCode"] == 0 and not after["State"]["Running"]
+    shown = "\n".join(str(e.get("stdout", "")) for e in events)
+    restart = next(line for line in shown.splitlines() if " on the nodes after " in line)
+    assert (
+        f"[{job}] restart 1 of 1 on the nodes after rank 1 a worker was killed (SIGKILL; "
+        "the launcher exited 1) at step " in restart
+    ), restart
+    failed_at = int(restart.split(" at step ")[1].split(":")[0])
+    resumed_at = int(restart.split("resuming from checkpoint-")[1].split(",")[0])
+    lost = int(restart.split(", ")[-1].split(" steps lost")[0])
+    assert resumed_at >= 10 and lost == failed_at - resumed_at
+    summary = next(
+        e["event_data"]["res"]["msg"]
+        for e in events
+        if e.get("event") == "runner_on_ok" and "Summarize the run" in e["event_data"]["task"]
+    )
+    assert summary[-1] == (
+        f"restarted 1 time(s), {lost} steps lost: rank 1 a worker was killed (SIGKILL; the "
+        "launcher exited 1)"
+    )
+    assert f"global step {resumed_at}" in logs(vm0, job)
+    # LLaMA-Factory appends to trainer_log.jsonl when resuming: the resumed run's first step is
+    # the checkpoint's + 1, and the job ends at its last step.
+    steps = trainer_steps(vm0, job)
+    assert steps[:failed_at] == list(range(1, failed_at + 1))  # the first run, to its failure
+    assert steps[failed_at] == resumed_at + 1
+    assert steps[-1] == longer["max_steps"]
     # A changed job replaces the finished one only when allowed (not waited for: stopped below).
     rc, _stats, failures, events = play(
         inventory,
         tmp_path / "restart",
         job,
         launch_wait=False,
+        launch_max_restarts=1,
         llamafactory_train_overrides={**longer, "learning_rate": 0.002},
         launch_restart_on_change=True,
     )
@@ -245,6 +299,15 @@ def test_a_rerun_attaches_to_the_running_job_and_a_change_restarts_when_allowed(
     assert set(changed(stats)) == {"vm0", "vm1"}
     for vm in vms:
         assert not container(vm, job)["State"]["Running"]
+
+
+def task_started(private_data_dir, name):
+    """Whether the playbook running in private_data_dir (ansible-runner's) has started a task
+    whose name contains `name` (its stdout file there grows while it runs)."""
+    return any(
+        f": {name}" in path.read_text(errors="replace")
+        for path in private_data_dir.glob("artifacts/*/stdout")
+    )
 
 
 def decision_of(events):
@@ -277,64 +340,6 @@ def test_bad_input_stops_before_any_host_changes(train_cluster, tmp_path):
     assert "docker_engine" not in roles and "gcp_firewall" not in roles
     for vm in vms:
         assert vm.sh(f"test -e {JOBS}/e2e-badnet", check=False).returncode != 0
-
-
-def test_a_killed_rank_is_restarted_from_the_common_checkpoint(train_cluster, tmp_path):
-    """launch_max_restarts 1, the controller attached: a worker of rank 1 killed (SIGKILL) after
-    the first checkpoint; the ranks' agents restart every rank from the newest checkpoint both
-    hold, the wait shows it, and the job finishes. The controller's own relaunch (a container or
-    a VM lost) is in test_launch_failures.py's stopped-VM test; the decision for a container
-    killed (exit 137) in the unit tests of restart_advice."""
-    inventory, (vm0, vm1) = train_cluster
-    job = "e2e-kill"
-    longer = {"max_steps": 60, "save_steps": 10}
-    outcome = {}
-
-    def run():
-        outcome["result"] = play(
-            inventory, tmp_path, job, launch_max_restarts=1, llamafactory_train_overrides=longer
-        )
-
-    thread = threading.Thread(target=run)
-    thread.start()
-    shard = f"{JOBS}/{job}/output/checkpoint-10/global_step10"
-    deadline = time.monotonic() + 600
-    while time.monotonic() < deadline and thread.is_alive():
-        if all(vm.sh(f"test -d {shard}", check=False).returncode == 0 for vm in (vm0, vm1)):
-            break
-        time.sleep(0.5)
-    assert thread.is_alive(), f"the job ended before its first checkpoint: {outcome}"
-    kill_worker(vm1, job)
-    thread.join(timeout=600)
-    assert not thread.is_alive(), "the playbook did not end"
-    rc, _stats, failures, events = outcome["result"]
-    assert rc == 0, failures  # the play passes after one restart
-    shown = "\n".join(str(e.get("stdout", "")) for e in events)
-    restart = next(line for line in shown.splitlines() if " on the nodes after " in line)
-    assert (
-        f"[{job}] restart 1 of 1 on the nodes after rank 1 a worker was killed (SIGKILL; "
-        "the launcher exited 1) at step " in restart
-    ), restart
-    failed_at = int(restart.split(" at step ")[1].split(":")[0])
-    resumed_at = int(restart.split("resuming from checkpoint-")[1].split(",")[0])
-    lost = int(restart.split(", ")[-1].split(" steps lost")[0])
-    assert resumed_at >= 10 and lost == failed_at - resumed_at
-    summary = next(
-        e["event_data"]["res"]["msg"]
-        for e in events
-        if e.get("event") == "runner_on_ok" and "Summarize the run" in e["event_data"]["task"]
-    )
-    assert summary[-1] == (
-        f"restarted 1 time(s), {lost} steps lost: rank 1 a worker was killed (SIGKILL; the "
-        "launcher exited 1)"
-    )
-    assert f"global step {resumed_at}" in logs(vm0, job)
-    # LLaMA-Factory appends to trainer_log.jsonl when resuming: the resumed run's first step is
-    # the checkpoint's + 1, and the job ends at its last step.
-    steps = trainer_steps(vm0, job)
-    assert steps[:failed_at] == list(range(1, failed_at + 1))  # the first run, to its failure
-    assert steps[failed_at] == resumed_at + 1
-    assert steps[-1] == 60
 
 
 def test_the_original_bridge_failure_is_stopped_and_named(train_cluster, tmp_path):

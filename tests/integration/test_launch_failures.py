@@ -22,7 +22,7 @@ pytestmark = pytest.mark.cluster
 
 # Still training when the node vanishes, with a checkpoint every 10 steps to restart from.
 LONG = {"max_steps": 1000, "save_steps": 10}
-BOUND = 30  # launch_peer_timeout of this test
+BOUND = 20  # launch_peer_timeout of this test
 
 
 def wait_until(predicate, seconds, what):
@@ -133,7 +133,7 @@ def test_a_vanished_node_ends_the_job_within_the_bound_without_the_controller(
 
     # Re-attach, then the controller is killed in the middle of its wait (ansible-runner's
     # timeout kills ansible-playbook): the ranks go on, with progress shown until then.
-    rc, _stats, _failures, events = attach(inventory, tmp_path / "attach", job, timeout=35)
+    rc, _stats, _failures, events = attach(inventory, tmp_path / "attach", job, timeout=25)
     assert rc != 0  # killed
     assert f"[{job}] step " in shown(events)
     assert f"[{job}] {restart['message']}" in shown(events)

@@ -8,7 +8,9 @@
                  role's docker run options) versus the same processes run on the VMs directly
   failures       a node that vanishes under a detached job (launch_peer_timeout 30 and 60 s):
                  seconds until the survivor exits; a restart (launch_max_restarts 1) after a
-                 rank is killed or its VM is stopped through the API: seconds to training again
+                 rank's container is killed or its VM is stopped through the API (the
+                 controller restarts), or a worker killed (the agents restart): seconds to
+                 training again
   demo           wall time of ./dev demo, cold once (the cluster's images removed) and warm
 
 The runs of each comparison are interleaved within this invocation and paired by repetition;
@@ -75,6 +77,13 @@ NOTES = {
         "stopped through the box's API (`gcp_instances_restart_stopped: true`), timed until "
         "rank 0 logs a step of the resumed run (the wait noticing, every rank stopped, the "
         "VM started, the preflight, the relaunch, the model loaded)."
+    ),
+    "restart-on-nodes": (
+        "The same `train.yml` (controller attached): rank 1's container killed (its agent "
+        "with it: the controller restarts, the run of table 6) versus one of rank 1's training "
+        "workers killed with SIGKILL (the ranks' agents restart every rank in their "
+        "containers, from the newest checkpoint both hold), timed until rank 0 logs a step of "
+        "the resumed run."
     ),
     "demo": (
         "Cold: after `./dev cluster rmi` (VM images, training image, registry image and its "

@@ -23,6 +23,12 @@ COMPARISONS = {
     "demo": ("warm", "cold", "seconds", "cold / warm"),
     "peer-lost": ("launch_peer_timeout 30 s", "launch_peer_timeout 60 s", "seconds", "60 s / 30 s"),
     "restart": ("rank killed", "VM stopped", "seconds", "VM stopped / rank killed"),
+    "restart-on-nodes": (
+        "container killed",
+        "worker killed",
+        "seconds",
+        "agents / controller",
+    ),
 }
 TITLES = {
     "time-to-cause": "1. Time to a named cause (s, lower is better; a hang counts as the cap)",
@@ -31,6 +37,9 @@ TITLES = {
     "demo": "4. Wall time of `./dev demo` (s)",
     "peer-lost": "5. A node vanishes under a detached job: seconds until the survivor exits",
     "restart": "6. A restart (launch_max_restarts): seconds from the fault to training again",
+    "restart-on-nodes": (
+        "7. Restarted by the controller or by the agents: seconds from the kill to training again"
+    ),
 }
 
 

@@ -714,8 +714,10 @@ def peer_lost(bench: BenchCluster, bound: int, rep: int) -> dict:
 
 def restart_cost(bench: BenchCluster, case: str, rep: int) -> dict:
     """train.yml with launch_max_restarts 1; after the first checkpoint rank 1's container is
-    killed, or its VM stopped through the API (gcp_instances_restart_stopped): seconds from the
-    fault until rank 0 logs a step of the resumed run, and the play's total."""
+    killed or its VM stopped through the API (gcp_instances_restart_stopped): the controller
+    restarts every rank; or a worker of rank 1 is killed (SIGKILL): the ranks' agents restart
+    them in their containers. Seconds from the fault until rank 0 logs a step of the resumed
+    run, and the play's total."""
     vm0, vm1 = bench.nodes[:2]
     job = "fail-" + slug(case)
     _clean_job(bench, job)
@@ -753,21 +755,41 @@ def restart_cost(bench: BenchCluster, case: str, rep: int) -> dict:
     started = time.monotonic()
     if case == "VM stopped":
         bench.box.act(vm1["name"], "stop")
+    elif case == "worker killed":
+        top = vm_sh(vm1["container"], f"docker top llamafactory-{job} -eo pid,args")
+        worker = next(
+            line.split()[0]
+            for line in top.splitlines()
+            if "launcher.py" in line and "torchrun" not in line
+        )
+        vm_sh(vm1["container"], f"kill -9 {worker}")
     else:
         vm_sh(vm1["container"], f"docker kill llamafactory-{job}")
-    _wait(
-        lambda: (
-            not thread.is_alive()
-            or not (_job_container(vm0, job) or {}).get("State", {}).get("Running")
-        ),
-        600,
-        "rank 0 stopped",
-    )
-    before = len(_steps(vm0, job))
 
-    def training_again():
-        state = (_job_container(vm0, job) or {}).get("State", {})
-        return state.get("StartedAt") != first_start and len(_steps(vm0, job)) > before
+    if case == "worker killed":  # the same containers: the resumed run appends to the log
+
+        def training_again():
+            text = vm_sh(vm0["container"], f"cat {JOBS}/{job}/agent-state.json", check=False)
+            try:
+                restarts = json.loads(text).get("restarts") or []
+            except ValueError:
+                return False
+            return bool(restarts) and len(_steps(vm0, job)) > restarts[0]["step"]
+
+    else:
+        _wait(
+            lambda: (
+                not thread.is_alive()
+                or not (_job_container(vm0, job) or {}).get("State", {}).get("Running")
+            ),
+            600,
+            "rank 0 stopped",
+        )
+        before = len(_steps(vm0, job))
+
+        def training_again():
+            state = (_job_container(vm0, job) or {}).get("State", {})
+            return state.get("StartedAt") != first_start and len(_steps(vm0, job)) > before
 
     _wait(lambda: not thread.is_alive() or training_again(), 1200, "training again")
     seconds = time.monotonic() - started
@@ -793,11 +815,30 @@ def failures(bench: BenchCluster, results: Results, reps: int) -> None:
                 figures = peer_lost(bench, bound, rep)
                 results.add("peer-lost", case, variant, rep, **figures)
                 say(f"peer lost, {variant}, {rep}: {figures}")
-        for case in ("rank killed", "VM stopped") if rep % 2 else ("VM stopped", "rank killed"):
-            if not results.has("restart", "after the first checkpoint", case, rep):
-                figures = restart_cost(bench, case, rep)
-                results.add("restart", "after the first checkpoint", case, rep, **figures)
-                say(f"restart, {case}, {rep}: {figures}")
+        # The container killed (the controller restarts) is compared with the VM stopped and
+        # with a worker killed (the agents restart): one run, in both comparisons.
+        cases = ["rank killed", "VM stopped", "worker killed"]
+        for case in cases if rep % 2 else cases[::-1]:
+            comparisons = RESTART_COMPARISONS[case]
+            if all(results.has(bench_, row, variant, rep) for bench_, row, variant in comparisons):
+                continue
+            figures = restart_cost(bench, case, rep)
+            for bench_, row, variant in comparisons:
+                results.add(bench_, row, variant, rep, **figures)
+            say(f"restart, {case}, {rep}: {figures}")
+
+
+# The restart cases: (benchmark, row, variant) each run is recorded as.
+RESTART_COMPARISONS = {
+    "rank killed": [
+        ("restart", "after the first checkpoint", "rank killed"),
+        ("restart-on-nodes", "rank 1 after the first checkpoint", "container killed"),
+    ],
+    "VM stopped": [("restart", "after the first checkpoint", "VM stopped")],
+    "worker killed": [
+        ("restart-on-nodes", "rank 1 after the first checkpoint", "worker killed"),
+    ],
+}
 
 
 # ------------------------------------------------------------------ 4. the demo

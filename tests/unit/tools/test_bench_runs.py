@@ -1,7 +1,10 @@
 """The benchmark's cuts of its cluster: the GCP-path inventory with only its group narrowed."""
 
+import json
+
 import yaml
 from bench import runs
+from bench.results import Results
 from localcluster import cluster
 
 
@@ -32,3 +35,37 @@ def test_a_cut_narrows_the_group_and_keeps_the_rest(tmp_path):
     )
     assert ranked["compose"]["llamafactory_node_rank"] == "0"
     assert bench.inventory(2) == cut  # made again in place
+
+
+def test_the_failure_runs_are_interleaved_and_the_container_kill_counts_in_both_tables(
+    tmp_path, monkeypatch
+):
+    order = []
+
+    def restart_cost(_bench, case, rep):
+        order.append((case, rep))
+        return {"seconds": {"rank killed": 70.0, "VM stopped": 80.0, "worker killed": 35.0}[case]}
+
+    monkeypatch.setattr(runs, "restart_cost", restart_cost)
+    monkeypatch.setattr(runs, "peer_lost", lambda _bench, bound, _rep: {"seconds": bound + 8.0})
+    monkeypatch.setattr(runs, "say", lambda _message: None)
+    results = Results(tmp_path)
+    runs.failures(None, results, reps=2)
+    assert order == [
+        ("rank killed", 1),
+        ("VM stopped", 1),
+        ("worker killed", 1),
+        ("worker killed", 2),
+        ("VM stopped", 2),
+        ("rank killed", 2),
+    ]
+    summary = json.loads((tmp_path / "results.json").read_text())["summary"]
+    assert summary["restart"]["after the first checkpoint"]["ratio"]["median"] == 80 / 70
+    on_nodes = summary["restart-on-nodes"]["rank 1 after the first checkpoint"]
+    assert on_nodes["ratio"]["median"] == 35 / 70 and on_nodes["worker killed"]["n"] == 2
+    assert (
+        "## 7. Restarted by the controller or by the agents"
+        in (tmp_path / "results.md").read_text()
+    )
+    runs.failures(None, results, reps=2)  # everything measured: nothing runs again
+    assert len(order) == 6
