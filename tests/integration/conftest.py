@@ -248,6 +248,13 @@ def container(vm, job):
     return json.loads(result.stdout)[0] if result.returncode == 0 else None
 
 
+def forget_job(vms, job):
+    """No container or folder left of `job` by an earlier session on a kept cluster
+    (KEEP_CLUSTER=1): a test that waits for the job's files must not find old ones."""
+    for vm in vms:
+        vm.sh(f"docker rm -f llamafactory-{job} >/dev/null 2>&1; rm -rf {JOBS}/{job}")
+
+
 def kill_worker(vm, job):
     """SIGKILL to the rank's training worker (torchrun's child, not torchrun), as the host's
     OOM killer or an operator would."""

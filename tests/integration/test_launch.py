@@ -17,6 +17,7 @@ from conftest import (
     PULL_VARS,
     TRAIN,
     container,
+    forget_job,
     kill_worker,
     play,
     run_playbook,
@@ -213,6 +214,7 @@ def test_a_rerun_attaches_and_a_killed_rank_is_restarted_from_the_common_checkpo
     inventory, vms = train_cluster
     vm0, vm1 = vms
     job = "e2e-attach"
+    forget_job(vms, job)
     # Still training when the re-run reaches its wait, with a checkpoint to restart from.
     longer = {"max_steps": 150, "save_steps": 10}
     settings = {"launch_max_restarts": 1, "llamafactory_train_overrides": longer}

@@ -11,6 +11,7 @@ from conftest import (
     PULL_VARS,
     container,
     follow_restarts,
+    forget_job,
     kill_worker,
     play,
     run_playbook,
@@ -82,6 +83,7 @@ def test_a_vanished_node_ends_the_job_within_the_bound_without_the_controller(
     controller is killed; then a node vanishes and the other rank ends within the bound."""
     inventory, (vm0, vm1) = train_cluster
     job = "e2e-vanish"
+    forget_job((vm0, vm1), job)
     rc, _stats, failures, events = play(
         inventory,
         tmp_path / "start",
@@ -188,6 +190,7 @@ def test_a_stopped_vm_is_started_the_job_resumes_and_the_vms_stop_when_done(
     controller. Re-attached with delete, VMs the launch did not label are refused."""
     inventory, vms = train_cluster
     job = "e2e-vm"
+    forget_job(vms, job)
     longer = {"max_steps": 40, "save_steps": 10}
     outcome = {}
 
