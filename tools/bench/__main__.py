@@ -11,6 +11,8 @@
                  rank's container is killed or its VM is stopped through the API (the
                  controller restarts), or a worker killed (the agents restart): seconds to
                  training again
+  profile        every task of train.yml timed (ansible.posix.profile_tasks) on 2 and 8 VMs: a
+                 re-run with the job finished, and a run until the preflight names a fault
   demo           wall time of ./dev demo, cold once (the cluster's images removed) and warm
 
 The runs of each comparison are interleaved within this invocation and paired by repetition;
@@ -33,7 +35,7 @@ from localcluster.util import ClusterError
 from . import runs
 from .results import Results
 
-BENCHMARKS = ["time-to-cause", "allreduce", "rerun", "failures", "demo"]
+BENCHMARKS = ["time-to-cause", "allreduce", "rerun", "failures", "profile", "demo"]
 NOTES = {
     "time-to-cause": (
         "Preflight: `train.yml` on the GCP path (the dynamic inventory, the firewall rule made "
@@ -84,6 +86,18 @@ NOTES = {
         "workers killed with SIGKILL (the ranks' agents restart every rank in their "
         "containers, from the newest checkpoint both hold), timed until rank 0 logs a step of "
         "the resumed run."
+    ),
+    "profile-rerun": (
+        "`train.yml` with the job already finished, 2 VMs versus 8 (the re-run benchmark's "
+        "jobs), with ansible.posix's `profile_tasks` callback: a task's time runs from its start "
+        "to the next task's start, all hosts together; a task run more than once (an included "
+        "file's) is summed. The whole run's row is the wall time of `ansible-playbook`."
+    ),
+    "profile-fault": (
+        "`train.yml` of a new job with the bridge-networking fault "
+        "(`llamafactory_network_mode: bridge`, `llamafactory_allow_bridge: true`), timed as "
+        "table 8 until the play ends: the preflight names the fault "
+        "(container-not-on-host-network) and nothing is launched."
     ),
     "demo": (
         "Cold: after `./dev cluster rmi` (VM images, training image, registry image and its "
@@ -140,7 +154,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--no-cold", action="store_true", help="demo: skip the cold run")
     parser.add_argument("--keep", action="store_true", help="leave the bench cluster up")
     parser.add_argument(
-        "--nodes", type=int, help="VMs of the bench cluster (default: 8 with rerun, else 2)"
+        "--nodes",
+        type=int,
+        help="VMs of the bench cluster (default: 8 with rerun or profile, else 2)",
     )
     args = parser.parse_args(argv)
     if args.reps < 1 or args.allreduce_reps < 1:
@@ -165,8 +181,9 @@ def main(argv: list[str] | None = None) -> int:
     try:
         cluster_benches = [b for b in selected if b != "demo"]
         if cluster_benches:
-            nodes = args.nodes or (8 if "rerun" in selected else 2)
-            if nodes < (8 if "rerun" in selected else 2):
+            needed = 8 if {"rerun", "profile"} & set(selected) else 2
+            nodes = args.nodes or needed
+            if nodes < needed:
                 parser.error(f"--nodes {nodes}: the benchmarks chosen need more VMs")
             bench = runs.BenchCluster(nodes, logs)
             bench.up()
@@ -180,6 +197,8 @@ def main(argv: list[str] | None = None) -> int:
                     runs.rerun(bench, results, args.reps)
                 if "failures" in selected:
                     runs.failures(bench, results, args.reps)
+                if "profile" in selected:
+                    runs.profile(bench, results, args.reps)
             finally:
                 if not args.keep:
                     bench.down()

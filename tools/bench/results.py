@@ -23,12 +23,9 @@ COMPARISONS = {
     "demo": ("warm", "cold", "seconds", "cold / warm"),
     "peer-lost": ("launch_peer_timeout 30 s", "launch_peer_timeout 60 s", "seconds", "60 s / 30 s"),
     "restart": ("rank killed", "VM stopped", "seconds", "VM stopped / rank killed"),
-    "restart-on-nodes": (
-        "container killed",
-        "worker killed",
-        "seconds",
-        "agents / controller",
-    ),
+    "restart-on-nodes": ("container killed", "worker killed", "seconds", "agents / controller"),
+    "profile-rerun": ("2 nodes", "8 nodes", "seconds", "8 nodes / 2 nodes"),
+    "profile-fault": ("2 nodes", "8 nodes", "seconds", "8 nodes / 2 nodes"),
 }
 TITLES = {
     "time-to-cause": "1. Time to a named cause (s, lower is better; a hang counts as the cap)",
@@ -40,7 +37,15 @@ TITLES = {
     "restart-on-nodes": (
         "7. Restarted by the controller or by the agents: seconds from the kill to training again"
     ),
+    "profile-rerun": "8. Where a re-run's time goes (train.yml with the job finished, s per task)",
+    "profile-fault": (
+        "9. Where a failing run's time goes (train.yml until the preflight names the fault, s "
+        "per task)"
+    ),
 }
+# The profiles' tables list the tasks that take longest (on either variant); the rest in a line.
+PROFILE_ROWS = 30
+PROFILE_BARS = 10
 
 
 class Results:
@@ -72,6 +77,18 @@ class Results:
         self.measurements.append(item)
         self.save()
         return item
+
+    def add_many(self, items: list[tuple[str, str, str, int, dict]]) -> None:
+        """Record (bench, case, variant, rep, figures) items and write the outputs once."""
+        for bench, case, variant, rep, figures in items:
+            if bench not in COMPARISONS:
+                raise ValueError(f"unknown benchmark {bench!r}; known: {sorted(COMPARISONS)}")
+            key = (bench, case, variant, rep)
+            self.measurements = [m for m in self.measurements if _key(m) != key]
+            self.measurements.append(
+                {"bench": bench, "case": case, "variant": variant, "rep": rep, **figures}
+            )
+        self.save()
 
     def save(self) -> None:
         self.folder.mkdir(parents=True, exist_ok=True)
@@ -237,6 +254,8 @@ def markdown(meta: dict, summary: dict) -> str:
                 lines.append(
                     f"| {_fmt(row[second], 0)} | {_fmt(row[first], 0)} | {_fmt(row['ratio'], 2)}x |"
                 )
+        elif bench.startswith("profile-"):
+            lines += _profile_table(cases, first, second, reads)
         else:
             lines += [f"| case | {first} | {second} | {reads} |", "|---|---|---|---|"]
             for case, row in cases.items():
@@ -249,6 +268,41 @@ def markdown(meta: dict, summary: dict) -> str:
             lines += ["", notes]
         lines.append("")
     return "\n".join(lines)
+
+
+def slowest(cases: dict, first: str, second: str, count: int) -> list[str]:
+    """The `count` tasks of a profile with the largest median on either variant, in that
+    order (the whole run's row left out)."""
+
+    def largest(case: str) -> float:
+        row = cases[case]
+        return max(row[v]["median"] or 0.0 for v in (first, second))
+
+    tasks = [case for case in cases if not case.startswith("(")]
+    return sorted(tasks, key=largest, reverse=True)[:count]
+
+
+def _profile_table(cases: dict, first: str, second: str, reads: str) -> list[str]:
+    lines = [f"| task | {first} | {second} | {reads} |", "|---|---|---|---|"]
+    shown = [case for case in cases if case.startswith("(")]
+    shown += slowest(cases, first, second, PROFILE_ROWS)
+    for case in shown:
+        row = cases[case]
+        lines.append(
+            f"| {_cell(case)} | {_fmt(row[first])} | {_fmt(row[second])} | "
+            f"{_fmt(row['ratio'], 2)}x |"
+        )
+    rest = [case for case in cases if case not in shown]
+    if rest:
+        totals = {
+            variant: sum(cases[case][variant]["median"] or 0.0 for case in rest)
+            for variant in (first, second)
+        }
+        lines.append(
+            f"| the other {len(rest)} tasks (sum of medians) | {totals[first]:.1f} | "
+            f"{totals[second]:.1f} | |"
+        )
+    return lines
 
 
 def chart(summary: dict, path: Path) -> None:
@@ -265,6 +319,8 @@ def chart(summary: dict, path: Path) -> None:
     for axis, bench in zip(axes[0], benches, strict=True):
         first, second, figure_name, _reads = COMPARISONS[bench]
         cases = list(summary[bench])
+        if bench.startswith("profile-"):
+            cases = slowest(summary[bench], first, second, PROFILE_BARS)
         width = 0.38
         for offset, variant in ((-width / 2, first), (width / 2, second)):
             medians, low, high = [], [], []
@@ -277,7 +333,8 @@ def chart(summary: dict, path: Path) -> None:
             positions = [i + offset for i in range(len(cases))]
             axis.bar(positions, medians, width, label=variant, yerr=[low, high], capsize=3)
         axis.set_xticks(range(len(cases)))
-        axis.set_xticklabels(cases, rotation=20, ha="right", fontsize=8)
+        labels = [case if len(case) <= 48 else case[:47] + "..." for case in cases]
+        axis.set_xticklabels(labels, rotation=20, ha="right", fontsize=8)
         axis.set_ylabel("GB/s" if figure_name == "busbw_GBps" else "seconds")
         axis.set_title(TITLES[bench].split(" (")[0], fontsize=9)
         axis.legend(fontsize=8)

@@ -277,6 +277,7 @@ class BenchCluster:
 
     def train(self, inventory: Path, job: str, label: str, deadline_s: float, **extra) -> dict:
         watch = extra.pop("_watch", None)
+        env = {**self.state["gce"]["env"], **extra.pop("_env", {})}
         # Each cut of the cluster is a cluster of its own to the firewall role (its own rule):
         # one rule rewritten for 2 and then 8 nodes would change at every re-run.
         variables = {
@@ -297,9 +298,7 @@ class BenchCluster:
         ]
         log_path = self.logs / f"{slug(label)}.log"
         # The box's API proxy and CA: the dynamic inventory and the firewall role reach it.
-        return run_logged(
-            command, log_path, label, deadline_s, watch=watch, env=self.state["gce"]["env"]
-        )
+        return run_logged(command, log_path, label, deadline_s, watch=watch, env=env)
 
     def ensure_trained(self, count: int, job: str, deadline_s: float) -> None:
         """Train `job` on the first `count` VMs (a re-run that keeps it when it finished before
@@ -640,6 +639,77 @@ def rerun(bench: BenchCluster, results: Results, reps: int) -> None:
             }
             results.add("rerun", "train.yml re-run", variant, rep, **figures)
             say(f"re-run {variant} {rep}: {figures}")
+
+
+# ------------------------------------------------------------------ the task profile
+
+# ansible.posix's profile_tasks: every task's time (its start to the next task's start, all
+# hosts together) listed once at the end, in playbook order.
+PROFILE_ENV = {
+    "ANSIBLE_CALLBACKS_ENABLED": "ansible.posix.profile_tasks",
+    "PROFILE_TASKS_SUMMARY_ONLY": "true",
+    "PROFILE_TASKS_TASK_OUTPUT_LIMIT": "all",
+    "PROFILE_TASKS_SORT_ORDER": "none",
+}
+PROFILE_FAULT = "bridge networking"  # named by the preflight, after every task before it ran
+WHOLE_RUN = "(the whole run)"
+
+
+def task_profile(output: str) -> dict[str, float]:
+    """profile_tasks' recap -> task name -> seconds (a task run more than once, e.g. an
+    included file's, summed)."""
+    recap = output.split("TASKS RECAP", 1)
+    if len(recap) < 2:
+        raise BenchError("no TASKS RECAP in the output: is ansible.posix installed?")
+    times: dict[str, float] = {}
+    for line in recap[1].splitlines():
+        match = re.match(r"^(.+?) -+ (\d+\.\d+)s$", line.strip())
+        if match:
+            name = match.group(1)
+            times[name] = round(times.get(name, 0.0) + float(match.group(2)), 2)
+    return times
+
+
+def profile(bench: BenchCluster, results: Results, reps: int) -> None:
+    """Every task of train.yml timed on 2 and 8 VMs: a re-run with the job finished, and a run
+    whose fault the preflight names."""
+    counts = {"2 nodes": 2, "8 nodes": 8}
+    if len(bench.nodes) < 8:
+        raise BenchError("the profile needs the cluster with 8 VMs")
+    bench.ensure_trained(8, N8_JOB, deadline_s=2400)
+    jobs = {"2 nodes": BASE_JOB, "8 nodes": N8_JOB}
+    fault = FAULTS[PROFILE_FAULT]
+    for rep in range(1, reps + 1):
+        for variant in ("2 nodes", "8 nodes") if rep % 2 else ("8 nodes", "2 nodes"):
+            runs_ = {
+                "profile-rerun": (jobs[variant], {}, 0),
+                "profile-fault": ("profile-" + slug(PROFILE_FAULT), fault["vars"], 2),
+            }
+            for name, (job, extra, expected_rc) in runs_.items():
+                if results.has(name, WHOLE_RUN, variant, rep):
+                    continue
+                result = bench.train(
+                    bench.inventory(counts[variant]),
+                    job,
+                    f"{name} {variant} {rep}",
+                    deadline_s=900,
+                    _env=PROFILE_ENV,
+                    **extra,
+                )
+                if result["rc"] != expected_rc or (
+                    expected_rc and fault["expect"] not in result["output"]
+                ):
+                    raise BenchError(
+                        f"{name} on {variant}: rc {result['rc']}: {result['output'][-1500:]}"
+                    )
+                tasks = task_profile(result["output"])
+                results.add_many(
+                    [
+                        (name, WHOLE_RUN, variant, rep, {"seconds": round(result["seconds"], 1)}),
+                        *((name, task, variant, rep, {"seconds": t}) for task, t in tasks.items()),
+                    ]
+                )
+                say(f"{name} {variant} {rep}: {result['seconds']:.1f} s, {len(tasks)} tasks")
 
 
 # ------------------------------------------------------------------ 3. failures

@@ -1,8 +1,11 @@
-"""The benchmark's cuts of its cluster: the GCP-path inventory with only its group narrowed."""
+"""The benchmark runs' own logic: the cuts of its cluster, the order of the failure runs, the
+task profile read from profile_tasks' recap and its table."""
 
 import json
 
+import pytest
 import yaml
+from bench import results as results_module
 from bench import runs
 from bench.results import Results
 from localcluster import cluster
@@ -69,3 +72,58 @@ def test_the_failure_runs_are_interleaved_and_the_container_kill_counts_in_both_
     )
     runs.failures(None, results, reps=2)  # everything measured: nothing runs again
     assert len(order) == 6
+
+
+# ansible.posix.profile_tasks' recap as ansible-playbook printed it (2.19, ansible.posix 2.x,
+# PROFILE_TASKS_SUMMARY_ONLY/TASK_OUTPUT_LIMIT=all/SORT_ORDER=none): a looped include's task is
+# listed once per inclusion, a name longer than the terminal gets the dashes of the time only.
+PROFILE_OUTPUT = """\
+PLAY RECAP *********************************************************************
+localhost                  : ok=6    changed=0    unreachable=0    failed=0    skipped=0
+
+TASKS RECAP ********************************************************************
+Wednesday 02 December 2026  08:16:27 +0000 (0:00:02.125)       0:00:02.125 ****
+===============================================================================
+A short task ------------------------------------------------------------ 0.63s
+Loop - with a dash in its name ------------------------------------------ 0.04s
+Included task ----------------------------------------------------------- 0.45s
+Included task ----------------------------------------------------------- 0.50s
+Pull the image (progress every llamafactory_progress_every s, cancelled at llamafactory_pull_timeout) --- 0.50s
+"""  # noqa: E501
+
+
+def test_the_task_profile_is_read_from_the_recap_and_repeated_tasks_are_summed():
+    assert runs.task_profile(PROFILE_OUTPUT) == {
+        "A short task": 0.63,
+        "Loop - with a dash in its name": 0.04,
+        "Included task": 0.95,
+        "Pull the image (progress every llamafactory_progress_every s, cancelled at "
+        "llamafactory_pull_timeout)": 0.5,
+    }
+    with pytest.raises(runs.BenchError, match="no TASKS RECAP"):
+        runs.task_profile("PLAY RECAP ***\nlocalhost : ok=1\n")
+
+
+def test_a_profile_table_shows_the_whole_run_then_the_slowest_tasks_and_sums_the_rest(
+    tmp_path, monkeypatch
+):
+    monkeypatch.setattr(results_module, "PROFILE_ROWS", 2)
+    results = Results(tmp_path)
+    items = []
+    for rep in (1, 2):
+        for variant, scale in (("2 nodes", 1.0), ("8 nodes", 2.0)):
+            items.append(
+                ("profile-rerun", "(the whole run)", variant, rep, {"seconds": 20 * scale})
+            )
+            for task, seconds in (("a", 1.0), ("b", 5.0), ("c", 3.0), ("d", 0.5)):
+                items.append(("profile-rerun", task, variant, rep, {"seconds": seconds * scale}))
+    results.add_many(items)
+    table = (tmp_path / "results.md").read_text()
+    assert (
+        "| task | 2 nodes | 8 nodes | 8 nodes / 2 nodes |\n|---|---|---|---|\n"
+        "| (the whole run) | 20.0 (20.0-20.0) | 40.0 (40.0-40.0) | 2.00 (2.00-2.00)x |\n"
+        "| b | 5.0 (5.0-5.0) | 10.0 (10.0-10.0) | 2.00 (2.00-2.00)x |\n"
+        "| c | 3.0 (3.0-3.0) | 6.0 (6.0-6.0) | 2.00 (2.00-2.00)x |\n"
+        "| the other 2 tasks (sum of medians) | 1.5 | 3.0 | |\n"
+    ) in table
+    assert len(json.loads((tmp_path / "results.json").read_text())["measurements"]) == 20
