@@ -36,6 +36,10 @@ EXTERNAL_NIC = "ext0"
 BOOT_DEADLINE_S = 120
 # --privileged fails where the host lacks CAP_SYS_RESOURCE: every other capability instead.
 CAP_DROP = ["SYS_RESOURCE"]
+# systemd and dockerd in a VM take 8 inotify instances (measured, test-machine.md).
+INOTIFY_PER_VM = 8
+INOTIFY_SPARE = 16
+INOTIFY_LIMIT = Path("/proc/sys/fs/inotify/max_user_instances")
 
 
 def cache_dir() -> Path:
@@ -125,6 +129,7 @@ def up(spec: ClusterSpec) -> dict:
         )
     public_key = key.with_suffix(".pub").read_text().strip()
 
+    ensure_inotify(len(spec.vms))
     try:
         _create_networks(docker_client, spec)
         containers = [_create_vm(docker_client, spec, vm, wanted) for vm in spec.vms]
@@ -166,6 +171,41 @@ def up(spec: ClusterSpec) -> dict:
         f"cluster {spec.name}: up in {time.monotonic() - started:.1f} s; inventory {spec.inventory}"
     )
     return state
+
+
+def inotify_in_use() -> int:
+    """The inotify instances open on this machine now (every process's)."""
+    count = 0
+    for fd_dir in Path("/proc").glob("[0-9]*/fd"):
+        with contextlib.suppress(OSError):  # a process that ended, or not ours to read
+            for fd in fd_dir.iterdir():
+                with contextlib.suppress(OSError):
+                    count += os.readlink(fd) == "anon_inode:inotify"
+    return count
+
+
+def ensure_inotify(new_vms: int, limit: Path = INOTIFY_LIMIT, in_use: int | None = None) -> int:
+    """Raise fs.inotify.max_user_instances when `new_vms` more VMs would exceed it (the host
+    default of 128 lets systemd in the ~16th VM fail); say so. Returns the limit in force."""
+    in_use = inotify_in_use() if in_use is None else in_use
+    needed = in_use + INOTIFY_PER_VM * new_vms + INOTIFY_SPARE
+    current = int(limit.read_text())
+    if current >= needed:
+        return current
+    try:
+        limit.write_text(f"{needed}\n")
+    except OSError as exc:
+        raise ClusterError(
+            f"{new_vms} more VMs need fs.inotify.max_user_instances of at least {needed} "
+            f"({in_use} in use, {INOTIFY_PER_VM} per VM; the limit is {current}): run "
+            f"`sysctl -w fs.inotify.max_user_instances={needed}` as root ({exc})"
+        ) from exc
+    log(
+        f"raised fs.inotify.max_user_instances from {current} to {needed}: {in_use} in use and "
+        f"{new_vms} VMs to start, {INOTIFY_PER_VM} each (`sysctl -w "
+        f"fs.inotify.max_user_instances={current}` puts it back)"
+    )
+    return needed
 
 
 def _create_networks(docker_client, spec: ClusterSpec) -> None:
