@@ -333,7 +333,8 @@ def chart(summary: dict, path: Path) -> None:
             positions = [i + offset for i in range(len(cases))]
             axis.bar(positions, medians, width, label=variant, yerr=[low, high], capsize=3)
         axis.set_xticks(range(len(cases)))
-        labels = [case if len(case) <= 48 else case[:47] + "..." for case in cases]
+        labels = [case.split(" : ")[-1] for case in cases]  # a role's task: without the role
+        labels = [label if len(label) <= 40 else label[:39] + "..." for label in labels]
         axis.set_xticklabels(labels, rotation=20, ha="right", fontsize=8)
         axis.set_ylabel("GB/s" if figure_name == "busbw_GBps" else "seconds")
         axis.set_title(TITLES[bench].split(" (")[0], fontsize=9)
