@@ -34,7 +34,7 @@ def test_a_limit_that_cannot_be_raised_names_the_command():
 
 def test_the_instances_in_use_are_counted_here():
     libc = ctypes.CDLL(None, use_errno=True)
-    held = [libc.inotify_init1(os.O_CLOEXEC) for _ in range(5)]
+    held = [libc.inotify_init1(os.O_CLOEXEC) for _attempt in range(5)]
     try:
         assert all(fd >= 0 for fd in held)
         assert cluster.inotify_in_use() >= 5  # ours at least (this process's fds are read too)
