@@ -70,13 +70,8 @@ class Results:
 
     def add(self, bench: str, case: str, variant: str, rep: int, **figures) -> dict:
         """Record one measurement and write every output at once (atomic replace)."""
-        if bench not in COMPARISONS:
-            raise ValueError(f"unknown benchmark {bench!r}; known: {sorted(COMPARISONS)}")
-        item = {"bench": bench, "case": case, "variant": variant, "rep": rep, **figures}
-        self.measurements = [m for m in self.measurements if _key(m) != (bench, case, variant, rep)]
-        self.measurements.append(item)
-        self.save()
-        return item
+        self.add_many([(bench, case, variant, rep, figures)])
+        return self.measurements[-1]
 
     def add_many(self, items: list[tuple[str, str, str, int, dict]]) -> None:
         """Record (bench, case, variant, rep, figures) items and write the outputs once."""
