@@ -3,11 +3,13 @@
 # GNU General Public License v3.0+ (see LICENSE or https://www.gnu.org/licenses/gpl-3.0.txt)
 """Action plugin for hostnet.llamafactory.job_wait (see plugins/modules/job_wait.py).
 
-Runs on the controller once per node, all nodes at once. Each round a node's instance queries
-its own rank (the job_status module, over the node's own connection), publishes the report in a
-folder that every instance of this task shares on the controller, reads the other ranks'
-reports, and draws the same conclusion as the others: running, finished, failed or stalled. On
-failure every instance stops its own rank at once, so no rank is left hanging.
+With the ranks' agents (O(agents)), one instance runs, on the lowest rank's node: each round it
+queries that rank (the job_status module) and learns every other rank's state from that rank's
+agent, which asks every peer every few seconds. Without agents it runs once per node, all nodes
+at once: each instance queries its own rank, publishes the report in a folder that every
+instance of this task shares on the controller and reads the others'. Either way every instance
+draws the same conclusion - running, finished, failed or stalled - and stops its own rank after
+a failure; the verdict with the reasons is the filter job_outcome's, over every node's report.
 """
 
 from __future__ import absolute_import, division, print_function
@@ -23,20 +25,16 @@ from ansible import constants as C
 from ansible.errors import AnsibleError
 from ansible.plugins.action import ActionBase
 from ansible.utils.display import Display
-from ansible_collections.hostnet.llamafactory.plugins.plugin_utils import _diagnosis as diagnosis
 from ansible_collections.hostnet.llamafactory.plugins.plugin_utils import _job_state as job
 
 display = Display()
-
-# On failure: log lines each rank hands to the diagnosis, and how long rank 0 waits for them.
-FINAL_TAIL = 2000
-FINAL_WAIT_S = 20
 
 ARGUMENT_SPEC = dict(
     name=dict(type="str", required=True),
     job=dict(type="str", required=True),
     output_dir=dict(type="str", required=True),
     agent_state=dict(type="str"),
+    agents=dict(type="bool", default=False),
     ranks=dict(type="dict", required=True),
     timeout=dict(type="int", default=86400),
     stall_timeout=dict(type="int", default=1800),
@@ -65,10 +63,21 @@ class ActionModule(ActionBase):
         if host not in ranks:
             result.update(failed=True, msg="%s is not in ranks (%s)" % (host, sorted(ranks)))
             return result
-        shared = os.path.join(C.DEFAULT_LOCAL_TMP, "job-wait-%s" % self._task._uuid)
-        if not os.path.isdir(shared):
-            os.makedirs(shared, exist_ok=True)
         leader = min(ranks, key=ranks.get) == host
+        if args["agents"] and not leader:
+            result.update(
+                failed=True,
+                msg="with agents the wait runs on the lowest rank's node only (%s), not on %s"
+                % (min(ranks, key=ranks.get), host),
+            )
+            return result
+        if args["agents"] and not args["agent_state"]:
+            result.update(failed=True, msg="agents needs agent_state (the agent's state file)")
+            return result
+        shared = None
+        if not args["agents"]:
+            shared = os.path.join(C.DEFAULT_LOCAL_TMP, "job-wait-%s" % self._task._uuid)
+            os.makedirs(shared, exist_ok=True)
         # A rank whose report is older than this stopped answering (SSH, node down).
         stale_after = max(120.0, 6 * args["interval"])
         started = time.time()
@@ -85,9 +94,14 @@ class ActionModule(ActionBase):
             report = self._query(args)
             now = time.time()
             report.update(rank=ranks[host], received=now)
-            self._publish(shared, host, report)
-            reports = self._collect(shared, ranks)
-            missing = [h for h in ranks if h not in reports]
+            if args["agents"]:
+                reports = job.agent_reports(report, ranks, host, now)
+                reports[host] = report
+                missing = []
+            else:
+                self._publish(shared, host, report)
+                reports = self._collect(shared, ranks)
+                missing = [h for h in ranks if h not in reports]
             if missing and now - started > stale_after:
                 for h in missing:
                     reports[h] = {"rank": ranks[h], "received": started - stale_after - 1}
@@ -95,6 +109,11 @@ class ActionModule(ActionBase):
                 outcome = {"state": "running", "line": "waiting for %s" % ", ".join(missing)}
             else:
                 outcome = job.verdict(reports, now, args["stall_timeout"], stale_after)
+            own = (report.get("container") or {}).get("state")
+            if args["agents"] and outcome["state"] == "running" and own not in job.RUNNING_STATES:
+                # Its agent has ended: it tells no more of the others (every node's report
+                # after the wait does).
+                outcome["state"] = "ended"
             elapsed = now - started
             restarts = (report.get("agent") or {}).get("restarts") or []
             result["restarts"] = restarts
@@ -108,21 +127,31 @@ class ActionModule(ActionBase):
                     % (args["job"], outcome["line"], elapsed, args["timeout"])
                 )
                 shown, shown_at = outcome["line"], now
+            result.update(
+                state=outcome["state"],
+                progress=outcome.get("progress"),
+                line=outcome["line"],
+                elapsed=round(elapsed, 1),
+            )
             if outcome["state"] in ("failed", "stalled"):
-                return self._fail_all(result, args, host, leader, outcome, reports, shared)
-            if outcome["state"] == "finished":
-                result.update(
-                    changed=False,
-                    state="finished",
-                    progress=outcome.get("progress"),
-                    elapsed=round(elapsed, 1),
-                    line=outcome["line"],
-                    checkpoints=report.get("checkpoints", []),
+                # Stop this rank at once: with agents, the others' agents stop theirs on seeing
+                # it exit; every node's report after the wait stops what still runs.
+                stopped = own in job.RUNNING_STATES and bool(
+                    self._query(args, stop=True).get("changed")
                 )
+                result.update(
+                    changed=stopped,
+                    stopped=stopped,
+                    quiet=outcome.get("quiet"),
+                    failed_hosts=outcome.get("failed", []),
+                    reasons=outcome.get("reasons", {}),
+                )
+                return result
+            if outcome["state"] in ("finished", "ended"):
+                result.update(changed=False, checkpoints=report.get("checkpoints", []))
                 return result
             if elapsed > args["timeout"]:
                 result.update(
-                    failed=True,
                     state="running",
                     msg="job %s is still running after %d s (launch_wait_timeout): %s. "
                     "It was left running: follow it with playbooks/status.yml, stop it with "
@@ -131,20 +160,20 @@ class ActionModule(ActionBase):
                 return result
             time.sleep(args["interval"])
 
-    def _query(self, args, stop=False, tail=None):
+    def _query(self, args, stop=False):
         try:
-            return self._query_once(args, stop, tail)
+            return self._query_once(args, stop)
         except AnsibleError as exc:  # the node is gone (its VM stopped, SSH cut): not fatal
             return {"container": {"state": "unknown"}, "error": str(exc)}
 
-    def _query_once(self, args, stop=False, tail=None):
+    def _query_once(self, args, stop=False):
         report = self._execute_module(
             module_name="hostnet.llamafactory.job_status",
             module_args=dict(
                 name=args["name"],
                 output_dir=args["output_dir"],
                 agent_state=args["agent_state"],
-                tail=tail or args["tail"],
+                tail=args["tail"],
                 stop=stop,
                 stop_timeout=args["stop_timeout"],
                 docker_socket=args["docker_socket"],
@@ -174,59 +203,3 @@ class ActionModule(ActionBase):
             except (IOError, OSError, ValueError):
                 continue
         return reports
-
-    def _fail_all(self, result, args, host, leader, outcome, reports, shared):
-        own = reports[host]
-        running = (own.get("container") or {}).get("state") in ("running", "restarting", "paused")
-        # Stop this rank, and publish a longer log for the diagnosis: the cause is often far
-        # above the last lines (a traceback, repeated warnings).
-        final = self._query(args, stop=running, tail=FINAL_TAIL)
-        final.update(rank=own.get("rank"), received=own.get("received"))
-        self._publish(shared, host, final, kind="final")
-        if leader:
-            deadline = time.time() + FINAL_WAIT_S
-            finals = self._collect(shared, reports, kind="final")
-            while len(finals) < len(reports) and time.time() < deadline:
-                time.sleep(0.5)
-                finals = self._collect(shared, reports, kind="final")
-            for h, report in finals.items():
-                if report.get("log_lines"):
-                    reports[h] = dict(reports[h], log_lines=report["log_lines"])
-        result.update(failed=True, state=outcome["state"], changed=True)
-        if outcome["state"] == "stalled":
-            message = (
-                "job %s stalled: no rank wrote a log line for %.0f s "
-                "(launch_stall_timeout); every rank was stopped. A rendezvous that never "
-                "completes looks like this (two nodes at one node rank, a closed port, "
-                "MASTER_ADDR on the wrong network)." % (args["job"], outcome.get("quiet", 0))
-            )
-            findings = diagnosis.diagnose(
-                dict((h, "\n".join(r.get("log_lines") or [])) for h, r in reports.items())
-            )
-            for finding in findings:
-                message += "\nCause (%s): %s\nFix: %s" % (
-                    finding["id"],
-                    finding["cause"],
-                    finding["fix"],
-                )
-        elif leader:
-            message = job.failure_message(args["job"], outcome, reports, diagnosis.diagnose)
-        else:
-            first = outcome["failed"][0]
-            message = "rank %s stopped: job %s failed on rank %s (%s %s); see rank 0's message" % (
-                reports[host].get("rank"),
-                args["job"],
-                reports[first].get("rank"),
-                first,
-                outcome["reasons"][first],
-            )
-        findings = diagnosis.diagnose(
-            dict((h, "\n".join(r.get("log_lines") or [])) for h, r in reports.items())
-        )
-        result.update(
-            msg=message,
-            failed_ranks=[reports[h].get("rank") for h in outcome.get("failed", [])],
-            progress=outcome.get("progress"),
-            restart=job.restart_advice(outcome, reports, findings),
-        )
-        return result

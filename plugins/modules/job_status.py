@@ -113,9 +113,11 @@ checkpoints:
   elements: int
   sample: [10, 20]
 agent:
-  description: The rank agent's state when O(agent_state) names a readable file - its attempt
-    and the restarts it made on the nodes (cause, step, checkpoint resumed from, steps lost,
-    message), else null.
+  description: The rank agent's state when O(agent_state) names a readable file - its attempt,
+    the restarts it made on the nodes (cause, step, checkpoint resumed from, steps lost,
+    message) and C(peers), what it last heard from every other rank's agent (by rank - C(seen_at)
+    on the node's clock and C(answer), that agent's state, code and seconds without output),
+    else null.
   returned: always
   type: dict
   sample: {state: running, attempt: 1, restarts: [{attempt: 1, step: 23, resume: 20, lost: 3}]}
@@ -184,7 +186,7 @@ def agent_state(path):
         return None
     if not isinstance(state, dict):
         return None
-    keep = ("state", "attempt", "code", "restarts")
+    keep = ("state", "attempt", "code", "restarts", "peers")
     return dict((key, state[key]) for key in keep if key in state)
 
 

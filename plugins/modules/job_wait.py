@@ -9,22 +9,28 @@ __metaclass__ = type
 
 DOCUMENTATION = r"""
 module: job_wait
-short_description: Wait for a multi-node LLaMA-Factory job, stopping every rank when one fails
+short_description: Wait for a multi-node LLaMA-Factory job, stopping its ranks when one fails
 version_added: 0.1.0
 description:
-  - Runs on the controller (an action plugin) for every node of a job at once; it needs
-    C(forks) at least the number of nodes. Every O(interval) seconds each node's rank is queried
-    with M(hostnet.llamafactory.job_status) and the reports are shared between the nodes'
+  - Runs on the controller (an action plugin). With O(agents) (the launch role's host-networked
+    ranks, each under its agent) it runs on the lowest rank's node only, in one controller fork
+    whatever the number of nodes - every O(interval) seconds it queries that rank with
+    M(hostnet.llamafactory.job_status) and learns every other rank's state from that rank's
+    agent, which asks every peer's agent every few seconds (its view is in the agent's state
+    file). Without agents it runs for every node at once (it needs C(forks) at least the number
+    of nodes) - each node's instance queries its own rank and the reports are shared between the
     instances on the controller.
   - The lowest rank prints progress (step/total, loss, each rank's state) whenever it changes
-    and at least every O(progress_every) seconds.
-  - When a rank exits non-zero, loses its container or stops answering, every other rank is
-    stopped at once (a surviving rank otherwise hangs until the collective timeout) and the task
-    fails naming the first failing rank, its last log lines and the causes the collection's
-    diagnosis table finds in the logs.
-  - When no rank writes a log line for O(stall_timeout) seconds (a rendezvous that never
-    completes), every rank is stopped as well.
-  - At O(timeout) the task fails and leaves the job running.
+    and at least every O(progress_every) seconds, and each restart the agents made on the nodes.
+  - When a rank exits non-zero, loses its container or stops answering, or when no rank writes a
+    log line for O(stall_timeout) seconds (a rendezvous that never completes), the instance
+    stops its own rank at once (with agents, the others' agents stop theirs on seeing it) and
+    returns RV(state) V(failed) or V(stalled). The task does not fail - the verdict, with the
+    first failing rank, its last log lines and the causes the collection's diagnosis finds, is
+    the filter P(hostnet.llamafactory.job_outcome#filter)'s, over every node's
+    M(hostnet.llamafactory.job_status) report taken after the wait (which stops what still runs) -
+    those reports come from an ordinary task, so C(forks) bounds nothing.
+  - At O(timeout) it returns RV(state) V(running) with RV(msg) and leaves the job running.
   - When the controller's ansible-playbook is killed, its forks would go on waiting with no one to
     report to; each instance notices that its parent process went away, and ends without touching
     the job (the ranks' agents, see the launch role, watch each other).
@@ -50,6 +56,12 @@ options:
       - The state file of each rank's agent on its node. The restarts the agents made on the
         nodes are then shown as they happen (rank 0's), and returned in RV(restarts).
     type: str
+  agents:
+    description:
+      - Every rank runs under its agent (O(agent_state) names its state file) - run the task on
+        the lowest rank's node only; it learns the other ranks' state from that rank's agent.
+    type: bool
+    default: false
   ranks:
     description: Every node of the job (inventory host name) with its node rank.
     type: dict
@@ -105,7 +117,9 @@ EXAMPLES = r"""
 
 RETURN = r"""
 state:
-  description: V(finished), V(failed), V(stalled) or V(running) (at the timeout).
+  description: V(finished), V(failed), V(stalled), V(ended) (with O(agents) - rank 0 ended while
+    its agent's last view still showed a rank running; the reports after the wait tell the rest)
+    or V(running) (at the timeout).
   returned: always
   type: str
   sample: finished
@@ -116,26 +130,43 @@ progress:
   sample: {step: 4000, total: 4000, loss: 1.2873, percentage: 100.0}
 elapsed:
   description: Seconds waited.
-  returned: success
+  returned: always
   type: float
   sample: 1520.4
 line:
   description: The last progress line (step, loss, each rank's state).
-  returned: success
+  returned: always
   type: str
   sample: "step 4000/4000 loss 1.2873 | rank 0 exited with code 0, rank 1 exited with code 0"
 checkpoints:
-  description: Steps of the complete checkpoints on this node when the job finished.
-  returned: success
+  description: Steps of the complete checkpoints on this node when the job ended.
+  returned: when RV(state) is V(finished) or V(ended)
   type: list
   elements: int
   sample: [2000, 4000]
-failed_ranks:
-  description: The ranks that failed, the first failing one first.
-  returned: failure
+stopped:
+  description: Whether this instance stopped its own rank after the failure.
+  returned: when RV(state) is V(failed) or V(stalled)
+  type: bool
+failed_hosts:
+  description: The nodes seen failing, the first one first.
+  returned: when RV(state) is V(failed)
   type: list
-  elements: int
-  sample: [1, 0]
+  elements: str
+  sample: [vm1]
+reasons:
+  description: Why each of RV(failed_hosts) counts as failed.
+  returned: when RV(state) is V(failed)
+  type: dict
+  sample: {vm1: "killed (SIGKILL, exit 137)"}
+quiet:
+  description: Seconds without a log line on any rank.
+  returned: when RV(state) is V(stalled)
+  type: float
+msg:
+  description: Why the wait ended without a verdict (the timeout; the controller went away).
+  returned: when RV(state) is V(running) or V(unknown)
+  type: str
 restarts:
   description: The restarts the agents made on the nodes during this wait or before it (this
     rank's agent's, since its container started) - attempt, cause, step, resume (the checkpoint),
@@ -144,21 +175,4 @@ restarts:
   type: list
   elements: dict
   sample: [{attempt: 1, cause: "rank 1 killed (SIGKILL, exit 137)", step: 23, resume: 20, lost: 3}]
-restart:
-  description:
-    - Whether relaunching from the newest checkpoint every rank holds can cure the failure (the
-      launch role's C(launch_max_restarts) acts on rank 0's) - V(restartable), V(kind) (lost,
-      killed, peer-lost, network; or why not), V(cause) (the first failing rank), V(step) (the
-      newest step logged) and V(why).
-    - A rank killed, a node lost, a rank stopped by its agent because another was lost, or a
-      log that names only a lost peer are restartable; a rank that failed on its own, ran out
-      of memory or was stopped with SIGTERM, and a stalled job are not.
-  returned: failure
-  type: dict
-  sample:
-    restartable: true
-    kind: killed
-    cause: rank 1 (vm1) killed (SIGKILL, exit 137)
-    step: 23
-    why: a killed rank can be started again
 """

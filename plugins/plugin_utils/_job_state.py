@@ -301,3 +301,145 @@ def condense(lines):
     if dropped:
         kept.append("(%d repeated lines left out)" % dropped)
     return kept
+
+
+RUNNING_STATES = ("running", "restarting", "paused", "created")
+
+
+def agent_reports(report, ranks, host, now):
+    """The other ranks as the wait sees them through the agent of its own rank (`report`, the
+    job_status report of `host`, with `agent.peers` and the node's clock `now`): one fork waits
+    for the whole job. A peer whose agent last answered `exited` has exited with that code; any
+    other answer (running, restarting on the nodes), or none yet, counts as a running container
+    (the agents bound a peer that never answers: rendezvous_timeout). `received` is when the
+    agent last heard from the peer, on the controller's clock (`now`)."""
+    peers = (report.get("agent") or {}).get("peers") or {}
+    node_now = report.get("now") or now
+    reports = {}
+    for other, rank in ranks.items():
+        if other == host:
+            continue
+        seen = peers.get(str(rank)) or {}
+        answer = seen.get("answer") or {}
+        received = now
+        if seen.get("seen_at") is not None:
+            received = now - max(0.0, node_now - seen["seen_at"])
+        if answer.get("state") == "exited":
+            container = {
+                "state": "exited",
+                "exit_code": answer.get("code"),
+                "oom_killed": (answer.get("end") or {}).get("kind") == "oom",
+                "finished_at": received,
+            }
+            received = now  # its last word: nothing more is expected from it
+        else:
+            container = {"state": "running"}
+        quiet = answer.get("quiet_s")
+        reports[other] = {
+            "rank": rank,
+            "container": container,
+            "received": received,
+            "last_output_at": None if quiet is None else received - quiet,
+        }
+    return reports
+
+
+def _final_report(final, rank, now):
+    """A node's job_status report after the wait, or the reason there is none (a report whose
+    retries ran out, a rank still running, still counts)."""
+    final = final or {}
+    if final.get("unreachable") or not final.get("container"):
+        why = final.get("msg") or "no report"
+        report = {"container": {"state": "unknown"}, "error": why}
+    else:
+        report = dict(final)
+    report.update(rank=rank, received=now)
+    return report
+
+
+def judge_wait(watch, finals, ranks, job, now, diagnose=None, stopped=()):
+    """The end of a wait, from the wait's own outcome (`watch`: job_wait's result on the lowest
+    rank's node) and every node's job_status report after it (`finals`, by host; an unreachable
+    node's result counts as a rank that could not be queried). `stopped` names the hosts whose
+    rank the wait stopped after the failure: their exit is not a cause.
+    Returns {failed, state, msg, progress, line, elapsed, checkpoints, restarts, failed_ranks,
+    restart}: what job_wait returned when every node's instance waited."""
+    hosts = sorted(ranks, key=ranks.get)
+    reports = dict((h, _final_report(finals.get(h), ranks[h], now)) for h in hosts)
+    leader = reports[hosts[0]] if hosts else {}
+    result = {
+        "failed": False,
+        "state": watch.get("state"),
+        "elapsed": watch.get("elapsed"),
+        "restarts": (leader.get("agent") or {}).get("restarts") or watch.get("restarts") or [],
+        "checkpoints": leader.get("checkpoints") or [],
+    }
+    if watch.get("state") in ("running", "unknown") or watch.get("failed"):
+        # The wait's own end: its timeout (the job was left running), or its own error.
+        result.update(
+            failed=True,
+            msg=watch.get("msg") or "the wait ended without a verdict",
+            progress=watch.get("progress"),
+            line=watch.get("line"),
+        )
+        return result
+    findings = diagnose(logs_of(reports)) if diagnose is not None else []
+    if watch.get("state") == "stalled":
+        outcome = {"state": "stalled", "quiet": watch.get("quiet", 0), "failed": []}
+        outcome["progress"] = verdict(reports, now, 0, float("inf"))["progress"]
+        message = (
+            "job %s stalled: no rank wrote a log line for %.0f s (launch_stall_timeout); every "
+            "rank was stopped. A rendezvous that never completes looks like this (two nodes at "
+            "one node rank, a closed port, MASTER_ADDR on the wrong network)."
+            % (job, outcome["quiet"])
+        )
+        for finding in findings:
+            message += "\nCause (%s): %s\nFix: %s" % (
+                finding["id"],
+                finding["cause"],
+                finding["fix"],
+            )
+    else:
+        considered = dict((h, r) for h, r in reports.items() if h not in stopped)
+        outcome = verdict(considered, now, 0, float("inf"))
+        outcome["progress"] = verdict(reports, now, 0, float("inf"))["progress"]
+        if outcome["state"] == "finished" and len(considered) == len(reports):
+            result.update(
+                progress=outcome["progress"],
+                line=progress_line(reports, hosts, outcome["progress"]),
+            )
+            return result
+        if outcome["state"] != "failed" and watch.get("failed_hosts"):
+            # What the wait saw fail is no longer visible (a peer seen through the agent
+            # only): its view stands.
+            outcome.update(
+                state="failed",
+                failed=watch["failed_hosts"],
+                reasons=watch.get("reasons") or {},
+            )
+        if outcome["state"] != "failed":
+            running = [h for h in hosts if _state(reports[h]) in RUNNING_STATES]
+            outcome.update(
+                state="failed",
+                failed=running or hosts[:1],
+                reasons=dict(
+                    (h, "was still %s after rank %s ended" % (_state(reports[h]), ranks[hosts[0]]))
+                    for h in running or hosts[:1]
+                ),
+            )
+        message = failure_message(job, outcome, reports, diagnose)
+    result.update(
+        failed=True,
+        state=outcome["state"],
+        msg=message,
+        progress=outcome.get("progress"),
+        line=progress_line(reports, hosts, outcome.get("progress")),
+        failed_ranks=[reports[h]["rank"] for h in outcome.get("failed", []) if h in reports],
+        restart=restart_advice(outcome, reports, findings),
+    )
+    return result
+
+
+def logs_of(reports):
+    """Every rank's log text, by host, for the diagnosis."""
+    return dict((h, "\n".join(r.get("log_lines") or [])) for h, r in reports.items())

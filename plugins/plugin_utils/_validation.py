@@ -1014,12 +1014,21 @@ def validate(
             "set both (for Artifact Registry, llamafactory_registry_username=oauth2accesstoken "
             "with an access token)."
         )
+    # Without host networking the ranks run without their agents, and the wait polls every
+    # node at once (with them it holds one fork: rank 0's agent watches the others).
     waits = purpose == "train" and values["launch_wait"]
-    if waits and forks is not None and len(nodes) > 0 and int(forks) < len(nodes):
+    without_agents = [h for h in nodes if effective[h]["llamafactory_network_mode"] != "host"]
+    if waits and without_agents and forks is not None and int(forks) < len(nodes):
         note(
-            "forks is %s but the job has %d nodes: the wait polls every node at once. Run with "
-            "-f %d or set forks in ansible.cfg (or launch_wait=false)."
-            % (forks, len(nodes), len(nodes))
+            "forks is %s but the job has %d nodes and llamafactory_network_mode %s: without "
+            "host networking the ranks run without their agents and the wait polls every node "
+            "at once. Run with -f %d or set forks in ansible.cfg (or launch_wait=false)."
+            % (
+                forks,
+                len(nodes),
+                effective[without_agents[0]]["llamafactory_network_mode"],
+                len(nodes),
+            )
         )
     platforms = set(effective[h]["llamafactory_platform"] for h in nodes)
     if purpose == "train" and platforms == {"gcp"}:

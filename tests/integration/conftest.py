@@ -221,8 +221,9 @@ TRAIN = "playbooks/train.yml"
 JOBS = "/var/lib/llamafactory/jobs"
 
 
-def play(inventory, tmp_path, job, playbook=TRAIN, check=False, **extravars):
-    """Run a playbook for `job`; (rc, stats, failures: host -> msg, events)."""
+def play(inventory, tmp_path, job, playbook=TRAIN, check=False, forks=None, **extravars):
+    """Run a playbook for `job`; (rc, stats, failures: host -> msg, events). `forks`: the
+    run's (ansible.cfg's 25 otherwise)."""
     result, _facts, _results = run_playbook(
         inventory,
         tmp_path,
@@ -235,6 +236,7 @@ def play(inventory, tmp_path, job, playbook=TRAIN, check=False, **extravars):
             **extravars,
         },
         check=check,
+        forks=forks,
     )
     return summarize(result)
 

@@ -200,6 +200,8 @@ def test_a_stopped_vm_is_started_the_job_resumes_and_the_vms_stop_when_done(
             tmp_path / "train",
             job,
             launch_max_restarts=1,
+            # The wait sees the VM's loss through rank 0's agent: within launch_peer_timeout.
+            launch_peer_timeout=30,
             gcp_instances_restart_stopped=True,
             gcp_instances_when_done="stop",
             llamafactory_train_overrides=longer,

@@ -101,10 +101,15 @@ def test_a_limit_that_leaves_out_a_node_is_refused(tmp_path):
     assert "--limit leaves out trainer-1" in message(result)
 
 
-def test_too_few_forks(tmp_path):
-    result = run(tmp_path, forks=1)
+def test_too_few_forks_without_agents(tmp_path):
+    """Bridge networking runs the ranks without their agents: the wait needs a fork per node.
+    (With host networking one fork waits for every node: test_launch.py runs with forks 1.)"""
+    bridge = {"llamafactory_network_mode": "bridge", "llamafactory_allow_bridge": True}
+    result = run(tmp_path, forks=1, extravars=bridge)
     assert result.rc != 0 and result.unreachable() == []
-    assert "forks is 1 but the job has 2 nodes" in message(result)
+    assert "forks is 1 but the job has 2 nodes and llamafactory_network_mode bridge" in (
+        message(result)
+    )
 
 
 def test_good_input_passes_the_checks_and_then_reaches_for_the_nodes(tmp_path):

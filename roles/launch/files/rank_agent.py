@@ -292,6 +292,7 @@ class Output:
         self.kept = 0
         self.lock = threading.Lock()
         self.threads = []
+        self.last_at = time.time()  # of the newest output (the wait's stall check)
 
     def follow(self, source, sink):
         def copy():
@@ -307,6 +308,7 @@ class Output:
                     sink.write(data)
                     sink.flush()
                 with self.lock:
+                    self.last_at = time.time()
                     self.chunks.append(data)
                     self.kept += len(data)
                     while self.kept - len(self.chunks[0]) >= self.size:
@@ -349,13 +351,32 @@ class Agent:
         self.terminated = False
 
     def answer(self):
+        quiet = None if self.output is None else round(time.time() - self.output.last_at, 1)
         with self.lock:
-            return (json.dumps(self.state) + "\n").encode("utf-8")
+            return (json.dumps(dict(self.state, quiet_s=quiet)) + "\n").encode("utf-8")
+
+    def view(self):
+        """What this agent knows of every peer, for the state file (the controller's wait reads
+        rank 0's instead of asking every node): each peer's last answer and when it came."""
+        return dict(
+            (
+                str(peer.rank),
+                {
+                    "seen_at": peer.last_seen,
+                    "answer": dict(
+                        (key, value)
+                        for key, value in (peer.state or {}).items()
+                        if key in ("state", "attempt", "code", "end", "why", "quiet_s")
+                    ),
+                },
+            )
+            for peer in self.peers
+        )
 
     def set_state(self, **state):
         with self.lock:
             self.state.update(state)
-            text = json.dumps(self.state)
+            text = json.dumps(dict(self.state, peers=self.view()))
         path = self.settings.get("state_file")
         if path:
             with contextlib.suppress(OSError):
@@ -408,6 +429,7 @@ class Agent:
                 peer.first_seen = now
             peer.last_seen = now
             peer.state = answer
+        self.set_state()  # the peers' view, for the controller's wait
 
     def stop_child(self):
         if self.child is None or self.child.poll() is not None:

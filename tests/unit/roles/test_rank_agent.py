@@ -150,12 +150,23 @@ def test_a_frozen_rank_stops_the_others_within_the_bound(job):
     assert f"rank 0: stopping this rank: rank 1 (127.0.0.3:{j.port}) has not answered" in err
 
 
-def test_a_failed_rank_stops_the_others_and_its_code_is_kept(job):
-    j = job(SLEEP, "import sys, time; time.sleep(2); sys.exit(3)", SLEEP, peer_timeout=60)
+def test_a_failed_rank_stops_the_others_and_its_code_is_kept(job, tmp_path):
+    j = job(
+        SLEEP,
+        "import sys, time; time.sleep(2); sys.exit(3)",
+        SLEEP,
+        peer_timeout=60,
+        state_file=lambda rank: str(tmp_path / f"state{rank}.json"),
+    )
     for rank, expected in ((1, 3), (0, 75), (2, 75)):
         code, err = j.wait(rank, timeout=30)
         assert code == expected, err
     assert "exited with code 3" in err or "exited with code 75" in err
+    # Rank 0's view of the others, which the controller's wait reads (one fork for the job).
+    view = json.loads((tmp_path / "state0.json").read_text())["peers"]
+    assert sorted(view) == ["1", "2"]
+    assert view["1"]["answer"]["state"] == "exited" and view["1"]["answer"]["code"] == 3
+    assert isinstance(view["1"]["seen_at"], float) and "quiet_s" in view["2"]["answer"]
 
 
 def test_a_silent_but_live_rank_is_not_stopped_and_all_finish(job):

@@ -516,3 +516,136 @@ def test_decide_restart(advice, restarts, maximum, restart, why):
     decision = job.decide_restart(advice, restarts, maximum)
     assert decision["restart"] is restart
     assert decision["why"].startswith(why)
+
+
+# The wait in one fork: rank 0's report carries its agent's view of the others
+# (roles/launch/files/rank_agent.py, Agent.view) and the node's clock.
+NODE_SKEW = 40.0  # the node's clock runs ahead of the controller's
+
+
+def leader(name="running", peers=None, **extra):
+    r = report(name, 0, received=NOW, **extra)
+    r["now"] = NOW + NODE_SKEW
+    r["agent"] = {"state": "running", "attempt": 0, "restarts": [], "peers": peers or {}}
+    return r
+
+
+def test_agent_reports_map_each_peers_last_answer_to_a_rank():
+    peers = {
+        "1": {"seen_at": NOW + NODE_SKEW - 3, "answer": {"state": "running", "quiet_s": 2.5}},
+        "2": {"seen_at": NOW + NODE_SKEW - 900, "answer": {"state": "exited", "code": 0}},
+        "3": {"seen_at": None, "answer": {}},
+        "4": {
+            "seen_at": NOW + NODE_SKEW - 1,
+            "answer": {"state": "exited", "code": 137, "end": {"kind": "oom"}},
+        },
+        "5": {"seen_at": NOW + NODE_SKEW - 1, "answer": {"state": "restarting", "attempt": 1}},
+    }
+    ranks = {"vm0": 0, "vm1": 1, "vm2": 2, "vm3": 3, "vm4": 4, "vm5": 5, "vm6": 6}
+    seen = job.agent_reports(leader(peers=peers), ranks, "vm0", NOW)
+    assert sorted(seen) == ["vm1", "vm2", "vm3", "vm4", "vm5", "vm6"]
+    # Heard from 3 s ago on the node's clock: 3 s ago on the controller's.
+    assert seen["vm1"] == {
+        "rank": 1,
+        "container": {"state": "running"},
+        "received": NOW - 3,
+        "last_output_at": NOW - 5.5,
+    }
+    # An exited peer's last word stands, however old: it is not "stopped answering".
+    assert seen["vm2"]["container"]["state"] == "exited"
+    assert seen["vm2"]["container"]["exit_code"] == 0 and seen["vm2"]["received"] == NOW
+    # Not heard from yet (the agents bound that with rendezvous_timeout), and not in the view.
+    for host in ("vm3", "vm6"):
+        assert seen[host]["container"] == {"state": "running"} and seen[host]["received"] == NOW
+    assert seen["vm4"]["container"]["oom_killed"] is True
+    assert seen["vm5"]["container"] == {"state": "running"}  # restarting on the nodes
+
+
+def test_the_verdict_through_the_agent_names_the_killed_peer_and_finishes():
+    ranks = {"vm0": 0, "vm1": 1}
+    killed = {"1": {"seen_at": NOW + NODE_SKEW, "answer": {"state": "exited", "code": 137}}}
+    own = leader(peers=killed)
+    reports = dict(job.agent_reports(own, ranks, "vm0", NOW), vm0=own)
+    result = job.verdict(reports, NOW, 600, 120)
+    assert result["state"] == "failed" and result["failed"] == ["vm1"]
+    assert result["reasons"] == {"vm1": "killed (SIGKILL, exit 137)"}
+    done = {"1": {"seen_at": NOW + NODE_SKEW - 5, "answer": {"state": "exited", "code": 0}}}
+    own = leader("exited-0", peers=done)
+    reports = dict(job.agent_reports(own, ranks, "vm0", NOW), vm0=own)
+    assert job.verdict(reports, NOW, 600, 120)["state"] == "finished"
+    # Silent past the controller's bound (a node gone, its agent's peer_timeout longer).
+    gone = {"1": {"seen_at": NOW + NODE_SKEW - 200, "answer": {"state": "running"}}}
+    own = leader(peers=gone, last_output_at=NOW - 1)
+    reports = dict(job.agent_reports(own, ranks, "vm0", NOW), vm0=own)
+    result = job.verdict(reports, NOW, 600, 120)
+    assert result["failed"] == ["vm1"] and result["reasons"]["vm1"] == "stopped answering"
+
+
+def final(name, rank, log=None, **extra):
+    """A node's job_status result after the wait (what wait.yml registers)."""
+    r = report(name, rank, log=log, **extra)
+    del r["rank"]
+    return r
+
+
+RANKS = {"vm0": 0, "vm1": 1}
+
+
+def test_judge_a_finished_job():
+    finals = {"vm0": final("exited-0", 0, log="finished"), "vm1": final("exited-0", 1)}
+    finals["vm0"]["agent"] = {"restarts": [{"attempt": 1, "lost": 3}]}
+    finals["vm0"]["checkpoints"] = [10, 12]
+    watch = {"state": "finished", "elapsed": 30.2}
+    result = job.judge_wait(watch, finals, RANKS, "demo", NOW, diagnose)
+    assert result["failed"] is False and result["state"] == "finished"
+    assert result["restarts"] == [{"attempt": 1, "lost": 3}]
+    assert result["checkpoints"] == [10, 12] and result["elapsed"] == 30.2
+    assert result["line"].endswith("rank 0 exited with code 0, rank 1 exited with code 0")
+
+
+def test_judge_names_the_first_cause_not_the_rank_the_wait_stopped():
+    # vm1 was killed; the wait stopped vm0 (SIGTERM) when it saw it through rank 0's agent.
+    finals = {
+        "vm0": final("exited-1", 0, log="peer-killed"),
+        "vm1": final("killed-137", 1, log="killed"),
+    }
+    finals["vm0"]["container"] = dict(finals["vm0"]["container"], exit_code=143)
+    watch = {"state": "failed", "stopped": True, "failed_hosts": ["vm1"]}
+    result = job.judge_wait(watch, finals, RANKS, "capture", NOW, diagnose, stopped={"vm0"})
+    assert result["failed"] is True and result["failed_ranks"] == [1]
+    first = result["msg"].splitlines()[0]
+    assert first == "job capture failed: rank 1 (vm1) killed (SIGKILL, exit 137) first."
+    assert "Then:" not in result["msg"] and "Last log lines of rank 1:" in result["msg"]
+    assert result["restart"]["restartable"] and result["restart"]["kind"] == "killed"
+    # Without the stop, rank 0's own exit is a consequence, named after the cause.
+    finals["vm0"] = final("exited-1", 0, log="peer-killed")
+    result = job.judge_wait(watch, finals, RANKS, "capture", NOW, diagnose)
+    assert result["msg"].splitlines()[1] == "Then: rank 0 (vm0) exited with code 1."
+
+
+def test_judge_an_unreachable_node_is_a_lost_rank():
+    finals = {
+        "vm0": final("exited-1", 0, log="peer-killed"),
+        "vm1": {"unreachable": True, "msg": "Failed to connect to the host via ssh"},
+    }
+    result = job.judge_wait({"state": "failed"}, finals, RANKS, "capture", NOW, diagnose)
+    assert result["failed_ranks"] == [0, 1]
+    assert "rank 1 (vm1) could not be queried: Failed to connect" in result["msg"]
+
+
+def test_judge_a_stall_a_timeout_and_a_rank_left_running():
+    finals = {"vm0": final("running", 0), "vm1": final("running", 1)}
+    result = job.judge_wait(
+        {"state": "stalled", "quiet": 700.4}, finals, RANKS, "stuck", NOW, diagnose, {"vm0", "vm1"}
+    )
+    assert result["failed"] and result["state"] == "stalled"
+    assert result["msg"].startswith("job stuck stalled: no rank wrote a log line for 700 s")
+    assert result["restart"]["restartable"] is False
+    timeout = {"state": "running", "msg": "job stuck is still running after 60 s"}
+    result = job.judge_wait(timeout, finals, RANKS, "stuck", NOW, diagnose)
+    assert result["failed"] and result["msg"] == timeout["msg"]
+    # Rank 0 ended and rank 1 still ran when the look after the wait gave up.
+    finals["vm0"] = final("exited-0", 0)
+    result = job.judge_wait({"state": "ended"}, finals, RANKS, "late", NOW, diagnose)
+    assert result["failed"] and result["failed_ranks"] == [1]
+    assert "rank 1 (vm1) was still running after rank 0 ended" in result["msg"]

@@ -845,9 +845,15 @@ def test_hosts_and_forks():
     assert any("no hosts in the group 'llamafactory'" in p for p in problems)
     _plan, problems = check(hosts=["vm0", "vm1", "web"])
     assert any("web is not in the group 'llamafactory'" in p for p in problems)
-    _plan, problems = check(forks=1)
-    assert any("forks is 1 but the job has 2 nodes" in p for p in problems)
-    assert check({"launch_wait": False}, forks=1)[1] == []
+    # With host networking the wait holds one fork (rank 0's agent watches the others).
+    assert check(forks=1)[1] == []
+    bridge = {"llamafactory_network_mode": "bridge", "llamafactory_allow_bridge": True}
+    _plan, problems = check(bridge, forks=1)
+    assert any(
+        "forks is 1 but the job has 2 nodes and llamafactory_network_mode bridge" in p
+        for p in problems
+    ), problems
+    assert check({**bridge, "launch_wait": False}, forks=1)[1] == []
 
 
 def test_a_stopped_vm_is_refused_by_name_before_any_node_is_contacted():
