@@ -13,6 +13,9 @@
                  training again
   profile        every task of train.yml timed (ansible.posix.profile_tasks) on 2 and 8 VMs: a
                  re-run with the job finished, and a run until the preflight names a fault
+  scale          the stand-in job (no training: tools/localcluster/standin) on 2, 8, 16 and 32
+                 VMs with Ansible's default 5 forks: a detached launch, the wait for a 1-minute
+                 job (its controller CPU per VM per minute) and a re-run
   demo           wall time of ./dev demo, cold once (the cluster's images removed) and warm
 
 The runs of each comparison are interleaved within this invocation and paired by repetition;
@@ -35,8 +38,19 @@ from localcluster.util import ClusterError
 from . import runs
 from .results import Results
 
-BENCHMARKS = ["time-to-cause", "allreduce", "rerun", "failures", "profile", "demo"]
+BENCHMARKS = ["time-to-cause", "allreduce", "rerun", "failures", "profile", "scale", "demo"]
 NOTES = {
+    "scale": (
+        "The stand-in job (tools/localcluster/standin/README.md: a small program in place of "
+        "llamafactory-cli, for scale runs only; it rendezvouses, exchanges a few bytes per step "
+        "and writes the trainer log and checkpoints; no model, no training) through the "
+        "collection's real launch, wait and re-run, `ANSIBLE_FORKS=5` (Ansible's default), the "
+        "preflight without its all-reduce (the image has no torch). Per repetition and count: "
+        "`train.yml` with `launch_wait=false`, then `playbooks/wait.yml` until the 120-step job "
+        "(0.5 s a step) finishes, then `train.yml` again (changed=0). CPU: user+system seconds "
+        "of ansible-playbook and every process it started. Every count's run is paired with the "
+        "2-VM run of the same repetition; the VMs share the controller's 2 cores."
+    ),
     "time-to-cause": (
         "Preflight: `train.yml` on the GCP path (the dynamic inventory, the firewall rule made "
         "through the box's API) with the fault, timed from its start until the finding's id "
@@ -156,7 +170,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument(
         "--nodes",
         type=int,
-        help="VMs of the bench cluster (default: 8 with rerun or profile, else 2)",
+        help="VMs of the bench cluster (default: 8 with rerun, profile or scale, else 2; "
+        "scale runs every count up to it: --nodes 32)",
     )
     args = parser.parse_args(argv)
     if args.reps < 1 or args.allreduce_reps < 1:
@@ -182,13 +197,16 @@ def main(argv: list[str] | None = None) -> int:
         cluster_benches = [b for b in selected if b != "demo"]
         if cluster_benches:
             needed = 8 if {"rerun", "profile"} & set(selected) else 2
+            if "scale" in selected:
+                needed = max(needed, 8)
             nodes = args.nodes or needed
             if nodes < needed:
                 parser.error(f"--nodes {nodes}: the benchmarks chosen need more VMs")
             bench = runs.BenchCluster(nodes, logs)
             bench.up()
             try:
-                bench.ensure_trained(2, runs.BASE_JOB, deadline_s=1800)
+                if set(cluster_benches) - {"scale"}:  # the real job, trained once
+                    bench.ensure_trained(2, runs.BASE_JOB, deadline_s=1800)
                 if "time-to-cause" in selected:
                     runs.time_to_cause(bench, results, args.reps, args.cap)
                 if "allreduce" in selected:
@@ -199,6 +217,8 @@ def main(argv: list[str] | None = None) -> int:
                     runs.failures(bench, results, args.reps)
                 if "profile" in selected:
                     runs.profile(bench, results, args.reps)
+                if "scale" in selected:
+                    runs.scale(bench, results, args.reps)
             finally:
                 if not args.keep:
                     bench.down()

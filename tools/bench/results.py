@@ -26,6 +26,8 @@ COMPARISONS = {
     "restart-on-nodes": ("container killed", "worker killed", "seconds", "agents / controller"),
     "profile-rerun": ("2 nodes", "8 nodes", "seconds", "8 nodes / 2 nodes"),
     "profile-fault": ("2 nodes", "8 nodes", "seconds", "8 nodes / 2 nodes"),
+    # Each case is one figure at N VMs (in its name) next to the same figure at 2 VMs.
+    "scale": ("2 VMs", "N VMs", "value", "N VMs / 2 VMs"),
 }
 TITLES = {
     "time-to-cause": "1. Time to a named cause (s, lower is better; a hang counts as the cap)",
@@ -42,6 +44,7 @@ TITLES = {
         "9. Where a failing run's time goes (train.yml until the preflight names the fault, s "
         "per task)"
     ),
+    "scale": "10. At scale: the stand-in job on 2 VMs versus 8, 16 and 32, Ansible's default forks",
 }
 # The profiles' tables list the tasks that take longest (on either variant); the rest in a line.
 PROFILE_ROWS = 30

@@ -230,6 +230,13 @@ class BenchCluster:
         self.pull_vars = registry.pull_vars(found, image)
         self.image = image
 
+    def push_standin(self) -> str:
+        """The stand-in job's image (scale runs only) in the cluster's registry; its name."""
+        client = cluster.client()
+        found = registry.start(self.definition, client, cluster.cache_dir())
+        local = train_image.ensure_standin_image(client, cluster.cache_dir())
+        return registry.push(client, found, local, STANDIN_REPOSITORY)
+
     def down(self) -> None:
         cluster.down(self.definition)
         for derived in self.definition.inventory.parent.glob(f"{CLUSTER}-n*.gcp"):
@@ -277,6 +284,7 @@ class BenchCluster:
 
     def train(self, inventory: Path, job: str, label: str, deadline_s: float, **extra) -> dict:
         watch = extra.pop("_watch", None)
+        playbook = extra.pop("_playbook", "playbooks/train.yml")
         env = {**self.state["gce"]["env"], **extra.pop("_env", {})}
         # Each cut of the cluster is a cluster of its own to the firewall role (its own rule):
         # one rule rewritten for 2 and then 8 nodes would change at every re-run.
@@ -288,7 +296,7 @@ class BenchCluster:
         }
         command = [
             "ansible-playbook",
-            "playbooks/train.yml",
+            playbook,
             "-i",
             str(inventory),
             "-e",
@@ -639,6 +647,96 @@ def rerun(bench: BenchCluster, results: Results, reps: int) -> None:
             }
             results.add("rerun", "train.yml re-run", variant, rep, **figures)
             say(f"re-run {variant} {rep}: {figures}")
+
+
+# ------------------------------------------------------------------ the scale series
+
+STANDIN_REPOSITORY = "hostnet/standin:1"
+SCALE_COUNTS = (2, 8, 16, 32)
+SCALE_STEPS = 120  # 0.5 s each (the stand-in's default): about a minute of waiting
+# Ansible's own default (this repository's ansible.cfg says 25): what a user of the collection
+# gets without a configuration of their own.
+SCALE_ENV = {"ANSIBLE_FORKS": "5"}
+
+
+def scale(bench: BenchCluster, results: Results, reps: int) -> None:
+    """The stand-in job (tools/localcluster/standin: real launch, wait, re-run code; no
+    training) on 2, 8, 16 and 32 VMs with 5 forks: launched detached, waited for by
+    playbooks/wait.yml (its controller CPU per VM per minute of waiting), then re-run with the
+    job finished. Each count's figures are paired with the 2-VM run of the same repetition."""
+    _become_subreaper()
+    counts = [c for c in SCALE_COUNTS if c <= len(bench.nodes)]
+    if counts[-1] < 8:
+        raise BenchError("the scale series needs a cluster of 8 VMs or more (--nodes 32)")
+    image = bench.push_standin()
+    job_vars = {
+        "llamafactory_image": image,
+        "preflight_smoke_test": False,  # the stand-in image has no torch
+        "llamafactory_train_overrides": {"max_steps": SCALE_STEPS, "save_steps": 40},
+        "_env": SCALE_ENV,
+    }
+    for rep in range(1, reps + 1):
+        measured = {}
+        for count in counts if rep % 2 else list(reversed(counts)):
+            if all(results.has("scale", case, "N VMs", rep) for case in _scale_cases(count)):
+                continue
+            measured[count] = _scale_once(bench, count, rep, job_vars)
+        if 2 not in measured:
+            continue
+        base = measured[2]
+        items = []
+        for count, figures in measured.items():
+            if count == 2:
+                continue
+            for name, value in figures.items():
+                case = f"{name}, {count} VMs"
+                items.append(("scale", case, "2 VMs", rep, {"value": base[name]}))
+                items.append(("scale", case, "N VMs", rep, {"value": value}))
+        if items:
+            results.add_many(items)
+
+
+SCALE_FIGURES = (
+    "launch, detached (s)",
+    "wait for a 1-minute job (s)",
+    "wait: controller CPU s per VM per minute",
+    "re-run (s)",
+    "re-run: controller CPU s per VM",
+)
+
+
+def _scale_cases(count: int) -> list[str]:
+    return [f"{name}, {count} VMs" for name in SCALE_FIGURES]
+
+
+def _scale_once(bench: BenchCluster, count: int, rep: int, job_vars: dict) -> dict:
+    inventory = bench.inventory(count)
+    job = f"scale-n{count}-r{rep}"
+    label = f"scale {count} VMs {rep}"
+    launched = bench.train(
+        inventory, job, f"{label}: launch", 3600, launch_wait=False, **dict(job_vars)
+    )
+    if launched["rc"] != 0:
+        raise BenchError(f"{label}: the launch failed: {launched['output'][-1500:]}")
+    waited = bench.train(
+        inventory, job, f"{label}: wait", 1800, _playbook="playbooks/wait.yml", **dict(job_vars)
+    )
+    if waited["rc"] != 0 or f"job {job} finished" not in waited["output"]:
+        raise BenchError(f"{label}: the wait failed: {waited['output'][-1500:]}")
+    rerun = bench.train(inventory, job, f"{label}: re-run", 1800, **dict(job_vars))
+    if rerun["rc"] != 0 or changed_tasks(rerun["output"]) != 0:
+        raise BenchError(f"{label}: the re-run failed or changed: {rerun['output'][-1500:]}")
+    figures = {
+        "launch, detached (s)": round(launched["seconds"], 1),
+        "wait for a 1-minute job (s)": round(waited["seconds"], 1),
+        "wait: controller CPU s per VM per minute": round(
+            waited["cpu_s"] / count / (waited["seconds"] / 60), 3
+        ),
+        "re-run (s)": round(rerun["seconds"], 1),
+        "re-run: controller CPU s per VM": round(rerun["cpu_s"] / count, 2),
+    }
+    say(f"{label}: {figures}")
+    return figures
 
 
 # ------------------------------------------------------------------ the task profile

@@ -177,6 +177,63 @@ def ensure_train_image(client, cache_dir: Path, version: str = DEFAULT_VERSION) 
     return spec.tag
 
 
+STANDIN_SCRIPT = Path(__file__).resolve().parent / "standin" / "llamafactory-cli"
+STANDIN_IMAGE = "hostnet-llamafactory/standin:1"
+
+
+def ensure_standin_image(client, cache_dir: Path) -> str:
+    """The stand-in job's image (scale benchmarks only, see standin/README.md): the Debian
+    "blank" image (python3, for the script and the rank agent) with the stand-in as
+    `llamafactory-cli` and `python` naming python3. Built when missing or stale; returns its
+    tag."""
+    base = images.ensure_vm_image(client, images.PLATFORMS["debian12"], cache_dir, kind="blank")
+    wanted = images.inputs_hash(
+        "standin/1",
+        STANDIN_SCRIPT.read_bytes(),
+        images.vm_inputs(images.PLATFORMS["debian12"], "blank"),
+    )
+    if images.image_inputs(client, STANDIN_IMAGE) == wanted:
+        log(f"image {STANDIN_IMAGE}: cached")
+        return STANDIN_IMAGE
+    builder = f"hlf-build-standin-{wanted}"
+    run(["docker", "rm", "-f", builder], check=False)
+    install = (
+        "install -m 0755 /standin /usr/local/bin/llamafactory-cli && "
+        "ln -sf /usr/bin/python3 /usr/local/bin/python && "
+        'mkdir -p /workspace && python -c "import sys; assert sys.version_info >= (3, 6)"'
+    )
+    try:
+        run(
+            [
+                "docker",
+                "run",
+                "--name",
+                builder,
+                "-v",
+                f"{STANDIN_SCRIPT}:/standin:ro",
+                base,
+                "/bin/sh",
+                "-c",
+                install,
+            ],
+            timeout=300,
+        )
+        changes = [
+            "ENV PYTHONUNBUFFERED=1",
+            "WORKDIR /workspace",
+            'CMD ["llamafactory-cli"]',
+            "LABEL " + " ".join(images._labels("standin", wanted)),
+        ]
+        command = ["docker", "commit"]
+        for change in changes:
+            command += ["--change", change]
+        run([*command, builder, STANDIN_IMAGE], timeout=300)
+    finally:
+        run(["docker", "rm", "-f", builder], check=False)
+    log(f"image {STANDIN_IMAGE}: built (the stand-in job, for scale benchmarks only)")
+    return STANDIN_IMAGE
+
+
 def ensure_assets(client, cache_dir: Path) -> Path:
     """A tiny random Llama (own byte-level BPE tokenizer) and a tiny alpaca dataset, made offline
     in the training image: <cache>/assets/{model,data}."""

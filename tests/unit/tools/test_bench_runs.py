@@ -127,3 +127,42 @@ def test_a_profile_table_shows_the_whole_run_then_the_slowest_tasks_and_sums_the
         "| the other 2 tasks (sum of medians) | 1.5 | 3.0 | |\n"
     ) in table
     assert len(json.loads((tmp_path / "results.json").read_text())["measurements"]) == 20
+
+
+def test_the_scale_series_is_interleaved_and_paired_with_the_2_vm_run(tmp_path, monkeypatch):
+    order = []
+
+    def once(_bench, count, rep, job_vars):
+        order.append((rep, count))
+        assert job_vars["_env"] == {"ANSIBLE_FORKS": "5"}  # Ansible's default forks
+        assert job_vars["llamafactory_image"] == "registry/standin"
+        return dict((name, float(count * 10 + rep)) for name in runs.SCALE_FIGURES)
+
+    class Bench:
+        nodes = [{}] * 16  # 2, 8 and 16 VMs; 32 needs --nodes 32
+
+        @staticmethod
+        def push_standin():
+            return "registry/standin"
+
+    monkeypatch.setattr(runs, "_scale_once", once)
+    monkeypatch.setattr(runs, "_become_subreaper", lambda: None)
+    results = Results(tmp_path)
+    runs.scale(Bench(), results, reps=2)
+    assert order == [(1, 2), (1, 8), (1, 16), (2, 16), (2, 8), (2, 2)]
+    rows = results.measurements
+    case = "re-run (s), 16 VMs"
+    assert [(m["variant"], m["rep"], m["value"]) for m in rows if m["case"] == case] == [
+        ("2 VMs", 1, 21.0),
+        ("N VMs", 1, 161.0),
+        ("2 VMs", 2, 22.0),
+        ("N VMs", 2, 162.0),
+    ]
+    assert len(rows) == 2 * 2 * 2 * len(runs.SCALE_FIGURES)  # 8 and 16 VMs, 2 reps, 2 variants
+    assert "| re-run (s), 16 VMs | 21.5 (21.0-22.0) | 161.5 (161.0-162.0) |" in (
+        (tmp_path / "results.md").read_text()
+    )
+    # A resumed run measures only what is missing (the 2-VM run again, for the pairs).
+    order.clear()
+    runs.scale(Bench(), Results(tmp_path, resume=True), reps=2)
+    assert order == [(1, 2), (2, 2)]
