@@ -235,12 +235,12 @@ def test_a_rerun_attaches_and_a_killed_rank_is_restarted_from_the_common_checkpo
     assert rc == 0, failures
     started = [container(vm, job) for vm in vms]
     assert all(info["State"]["Running"] for info in started)
-    # A re-run while it trains: the running ranks are kept and waited for, in one fork (rank
-    # 0's agent shows the restart on the nodes).
+    # A re-run while it trains: the running ranks are kept and waited for (rank 0's agent shows
+    # the restart on the nodes; the one-fork wait with forks 1 is test_a_second_run's).
     outcome = {}
 
     def rerun():
-        outcome["result"] = play(inventory, tmp_path / "attach", job, forks=1, **settings)
+        outcome["result"] = play(inventory, tmp_path / "attach", job, **settings)
 
     thread = threading.Thread(target=rerun)
     thread.start()
