@@ -1,0 +1,54 @@
+# -*- coding: utf-8 -*-
+# Copyright: hostnet.llamafactory contributors
+# GNU General Public License v3.0+ (see LICENSE or https://www.gnu.org/licenses/gpl-3.0.txt)
+"""What the docker_engine role reads on a host, parsed from the tools' own output (unit-tested on
+captured output in tests/unit/fixtures/docker_host): installed packages (dpkg-query), the
+dockerd version and a systemd unit's state."""
+
+from __future__ import absolute_import, division, print_function
+
+__metaclass__ = type
+
+import re
+
+# dpkg-query -W -f "${binary:Package}\t${Version}\t${db:Status-Abbrev}\n" NAME...
+DPKG_FORMAT = "${binary:Package}\\t${Version}\\t${db:Status-Abbrev}\\n"
+# systemctl show UNIT --property=...
+UNIT_PROPERTIES = ("LoadState", "ActiveState", "UnitFileState")
+
+
+def installed_packages(stdout):
+    """dpkg-query's lines -> {name: version} of the packages installed ("ii": wanted install,
+    installed; a removed package keeps "rc" and is not installed). An architecture qualifier
+    (name:amd64) is dropped."""
+    found = {}
+    for line in (stdout or "").splitlines():
+        fields = line.split("\t")
+        if len(fields) < 3:
+            continue
+        name, version, status = fields[0], fields[1], fields[2]
+        if status.strip() == "ii" or status[:2] == "ii":
+            found[name.split(":", 1)[0]] = version
+    return found
+
+
+def dockerd_version(stdout):
+    """'Docker version 20.10.24+dfsg1, build 5d6db84' -> '20.10.24' (None without a version)."""
+    match = re.search(r"version\s+v?(\d+\.\d+(?:\.\d+)?)", stdout or "")
+    return match.group(1) if match else None
+
+
+def unit_state(stdout):
+    """systemctl show's KEY=VALUE lines -> {loaded, active, enabled}: a unit systemd does not
+    know is neither."""
+    values = {}
+    for line in (stdout or "").splitlines():
+        key, sep, value = line.partition("=")
+        if sep:
+            values[key.strip()] = value.strip()
+    return {
+        "loaded": values.get("LoadState") == "loaded",
+        "active": values.get("ActiveState") == "active",
+        "enabled": values.get("UnitFileState") in ("enabled", "enabled-runtime", "static"),
+        "state": values.get("ActiveState") or "unknown",
+    }

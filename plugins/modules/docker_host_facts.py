@@ -1,0 +1,155 @@
+#!/usr/bin/python
+# -*- coding: utf-8 -*-
+# Copyright: hostnet.llamafactory contributors
+# GNU General Public License v3.0+ (see LICENSE or https://www.gnu.org/licenses/gpl-3.0.txt)
+
+from __future__ import absolute_import, division, print_function
+
+__metaclass__ = type
+
+DOCUMENTATION = r"""
+module: docker_host_facts
+short_description: Read what the docker_engine role checks on a host, in one call
+version_added: 0.2.0
+description:
+  - Returns, for what is asked - which of O(packages) are installed (C(dpkg-query)), the state
+    of the systemd unit O(service) (C(systemctl show)), the text of O(daemon_json), whether
+    O(pending_marker) exists, and the dockerd version (O(dockerd)).
+  - Why not M(ansible.builtin.package_facts), M(ansible.builtin.slurp),
+    M(ansible.builtin.stat) and M(ansible.builtin.command) - they answer the same questions in
+    one round trip each, and a re-run of the collection's playbooks asks them of every node; one
+    call per node instead of five is what a re-run's time is made of (docs/benchmarks.md, the
+    task profile). Nothing is changed on the host.
+author:
+  - hostnet.llamafactory contributors (@hostnet)
+options:
+  packages:
+    description: Debian package names to look up.
+    type: list
+    elements: str
+    default: []
+  service:
+    description: A systemd unit whose state to read (its C(.service) suffix optional).
+    type: str
+  daemon_json:
+    description: A file to read as text (Docker's C(daemon.json)); absent - RV(daemon_json) is
+      null.
+    type: path
+  pending_marker:
+    description: A file whose existence to report (RV(pending)).
+    type: path
+  dockerd:
+    description: Read C(dockerd --version).
+    type: bool
+    default: false
+attributes:
+  check_mode:
+    support: full
+    description: Reads only; runs the same in check mode.
+  diff_mode:
+    support: none
+    description: Changes nothing.
+  idempotent:
+    support: full
+    description: Reads only.
+"""
+
+EXAMPLES = r"""
+- name: Look at the host
+  hostnet.llamafactory.docker_host_facts:
+    packages: [docker.io, python3-requests]
+    service: docker
+    daemon_json: /etc/docker/daemon.json
+    pending_marker: /var/lib/hostnet-llamafactory/docker-restart-pending
+    dockerd: true
+  register: host
+"""
+
+RETURN = r"""
+packages:
+  description: The installed ones of O(packages), with their versions.
+  returned: always
+  type: dict
+  sample: {docker.io: "20.10.24+dfsg1-1+deb12u1+b6"}
+missing:
+  description: The ones of O(packages) that are not installed, in the order asked.
+  returned: always
+  type: list
+  elements: str
+  sample: [python3-requests]
+service:
+  description: The unit's state - C(loaded), C(active), C(enabled) (bools) and C(state)
+    (systemd's ActiveState); null without O(service).
+  returned: always
+  type: dict
+  sample: {loaded: true, active: true, enabled: true, state: active}
+daemon_json:
+  description: The text of O(daemon_json); null when it does not exist.
+  returned: always
+  type: str
+pending:
+  description: Whether O(pending_marker) exists.
+  returned: always
+  type: bool
+dockerd_version:
+  description: The dockerd version (major.minor.patch); null when O(dockerd) is false or dockerd
+    is missing.
+  returned: always
+  type: str
+  sample: 20.10.24
+"""
+
+import os
+
+from ansible.module_utils.basic import AnsibleModule
+from ansible_collections.hostnet.llamafactory.plugins.module_utils import _docker_host as host
+
+
+def main():
+    module = AnsibleModule(
+        argument_spec=dict(
+            packages=dict(type="list", elements="str", default=[]),
+            service=dict(type="str"),
+            daemon_json=dict(type="path"),
+            pending_marker=dict(type="path"),
+            dockerd=dict(type="bool", default=False),
+        ),
+        supports_check_mode=True,
+    )
+    params = module.params
+    result = dict(changed=False, packages={}, missing=[], service=None, daemon_json=None)
+    if params["packages"]:
+        dpkg = module.get_bin_path("dpkg-query", required=True)
+        # rc 1 names the packages dpkg has never heard of: not installed, not an error.
+        _rc, out, _err = module.run_command(
+            [dpkg, "-W", "-f", host.DPKG_FORMAT] + params["packages"]
+        )
+        installed = host.installed_packages(out)
+        result["packages"] = dict((n, installed[n]) for n in params["packages"] if n in installed)
+        result["missing"] = [n for n in params["packages"] if n not in installed]
+    if params["service"]:
+        systemctl = module.get_bin_path("systemctl", required=True)
+        rc, out, err = module.run_command(
+            [systemctl, "show", params["service"], "--property=" + ",".join(host.UNIT_PROPERTIES)]
+        )
+        if rc != 0:
+            module.fail_json(msg="systemctl show %s failed: %s" % (params["service"], err.strip()))
+        result["service"] = host.unit_state(out)
+    if params["daemon_json"] and os.path.exists(params["daemon_json"]):
+        try:
+            with open(params["daemon_json"], "rb") as handle:
+                result["daemon_json"] = handle.read().decode("utf-8", "replace")
+        except (IOError, OSError) as exc:
+            module.fail_json(msg="cannot read %s: %s" % (params["daemon_json"], exc))
+    result["pending"] = bool(params["pending_marker"]) and os.path.exists(params["pending_marker"])
+    result["dockerd_version"] = None
+    if params["dockerd"]:
+        dockerd = module.get_bin_path("dockerd")
+        if dockerd:
+            _rc, out, _err = module.run_command([dockerd, "--version"])
+            result["dockerd_version"] = host.dockerd_version(out)
+    module.exit_json(**result)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,63 @@
+"""docker_host_facts' parsers over captured output (tests/unit/fixtures/docker_host, see its
+README)."""
+
+from pathlib import Path
+
+import pytest
+from ansible_collections.hostnet.llamafactory.plugins.module_utils import _docker_host as host
+
+FIXTURES = Path(__file__).resolve().parents[2] / "fixtures" / "docker_host"
+
+
+def test_installed_packages_of_a_captured_dpkg_query():
+    found = host.installed_packages((FIXTURES / "dpkg-query.stdout").read_text())
+    assert found == {
+        "ca-certificates": "20230311+deb12u1",
+        "docker.io": "20.10.24+dfsg1-1+deb12u1+b6",
+        "gnupg": "2.2.40-1.1+deb12u2",
+    }
+    # The names dpkg never heard of are only on stderr (rc 1): not installed.
+    assert "python3-requests" in (FIXTURES / "dpkg-query.stderr").read_text()
+
+
+@pytest.mark.parametrize(
+    ("line", "installed"),
+    [
+        ("docker.io\t20.10.24\tii ", {"docker.io": "20.10.24"}),
+        ("docker.io\t20.10.24\trc ", {}),  # removed, its config files kept
+        ("docker.io\t\tun ", {}),  # known, not installed
+        ("libc6:amd64\t2.36-9\tii ", {"libc6": "2.36-9"}),
+        ("garbage", {}),
+    ],
+)
+def test_installed_packages_by_status(line, installed):
+    assert host.installed_packages(line + "\n") == installed
+
+
+def test_dockerd_version():
+    captured = (FIXTURES / "dockerd-version.stdout").read_text()
+    assert host.dockerd_version(captured) == "20.10.24"
+    assert host.dockerd_version("Docker version 27.3.1, build ce12230") == "27.3.1"
+    assert host.dockerd_version("") is None
+
+
+@pytest.mark.parametrize(
+    ("name", "expected"),
+    [
+        ("active", {"loaded": True, "active": True, "enabled": True, "state": "active"}),
+        ("missing", {"loaded": False, "active": False, "enabled": False, "state": "inactive"}),
+    ],
+)
+def test_unit_state_of_captured_systemctl_show(name, expected):
+    text = (FIXTURES / f"systemctl-show-{name}.stdout").read_text()
+    assert host.unit_state(text) == expected
+
+
+def test_unit_state_stopped_and_disabled():
+    text = "LoadState=loaded\nActiveState=failed\nUnitFileState=disabled\n"
+    assert host.unit_state(text) == {
+        "loaded": True,
+        "active": False,
+        "enabled": False,
+        "state": "failed",
+    }
