@@ -203,9 +203,7 @@ def failure_message(job, result, reports, diagnose=None, lines=15):
         text.append("Last log lines of rank %s:" % report.get("rank"))
         text.extend("  " + line for line in tail)
     if diagnose is not None:
-        findings = diagnose(
-            dict((h, "\n".join(r.get("log_lines") or [])) for h, r in reports.items())
-        )
+        findings = diagnose(logs_of(reports))
         for finding in findings:
             text.append(
                 "Cause (%s, %s): %s" % (finding["id"], finding["host"] or "log", finding["cause"])
