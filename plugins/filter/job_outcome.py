@@ -9,7 +9,7 @@ __metaclass__ = type
 DOCUMENTATION = r"""
 name: job_outcome
 short_description: How a multi-node job ended, from the wait and every node's report after it
-version_added: 0.2.0
+version_added: 0.1.0
 description:
   - The verdict after M(hostnet.llamafactory.job_wait) - finished, failed or stalled, or left
     running at the wait's timeout - from its result on the lowest rank's node and every node's

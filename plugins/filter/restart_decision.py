@@ -9,7 +9,7 @@ __metaclass__ = type
 DOCUMENTATION = r"""
 name: restart_decision
 short_description: Whether the controller relaunches a failed job (launch_max_restarts)
-version_added: 0.2.0
+version_added: 0.1.0
 description:
   - From the restart advice of M(hostnet.llamafactory.job_wait) (or of the VMs' status) and the
     restarts made so far - by the controller and by the ranks' agents on the nodes - whether the

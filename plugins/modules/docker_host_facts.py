@@ -10,7 +10,7 @@ __metaclass__ = type
 DOCUMENTATION = r"""
 module: docker_host_facts
 short_description: Read what the docker_engine role checks on a host, in one call
-version_added: 0.2.0
+version_added: 0.1.0
 description:
   - Returns, for what is asked - which of O(packages) are installed (C(dpkg-query)), the state
     of the systemd unit O(service) (C(systemctl show)), the text of O(daemon_json), whether

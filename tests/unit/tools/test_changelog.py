@@ -46,5 +46,6 @@ def test_a_release_shows_every_fragment_and_module(tmp_path):
                 assert " ".join(words).replace("`", "") in plain.replace("<code>", "").replace(
                     "</code>", ""
                 ), (fragment.name, section, words)
-    for module in (ROOT / "plugins" / "modules").glob("*.py"):
-        assert f"hostnet.llamafactory.{module.stem}" in plain, module.stem
+    for kind in ("modules", "filter"):
+        for plugin in (ROOT / "plugins" / kind).glob("[!_]*.py"):
+            assert f"hostnet.llamafactory.{plugin.stem}" in plain, (kind, plugin.stem)
