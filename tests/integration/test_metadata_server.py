@@ -94,11 +94,12 @@ def test_a_published_change_wakes_a_waiting_request(md_cluster):
         document["instance"]["preempted"] = "TRUE"
         published = time.monotonic()
         gce_metadata.publish(node["container"], document)
-        out, _err = waiter.communicate(timeout=10)
+        out, _err = waiter.communicate(timeout=20)
     finally:
         waiter.kill()
     assert out == "TRUE"
-    assert time.monotonic() - published < 3
+    # Woken by the change, not by its 60 s timeout (generous: the suite shares 2 cores).
+    assert time.monotonic() - published < 10
 
 
 def test_the_server_comes_back_after_a_vm_restart(md_cluster):
