@@ -177,19 +177,24 @@ def ensure_train_image(client, cache_dir: Path, version: str = DEFAULT_VERSION) 
     return spec.tag
 
 
-STANDIN_SCRIPT = Path(__file__).resolve().parent / "standin" / "llamafactory-cli"
+STANDIN_DIR = Path(__file__).resolve().parent / "standin"
+STANDIN_SCRIPT = STANDIN_DIR / "llamafactory-cli"
+# Package metadata named llamafactory, version 0+standin: the preflight's image check reads
+# the metadata (it imports nothing), so it passes, and its report names the stand-in.
+STANDIN_METADATA = STANDIN_DIR / "METADATA"
 STANDIN_IMAGE = "hostnet-llamafactory/standin:1"
 
 
 def ensure_standin_image(client, cache_dir: Path) -> str:
     """The stand-in job's image (scale benchmarks only, see standin/README.md): the Debian
     "blank" image (python3, for the script and the rank agent) with the stand-in as
-    `llamafactory-cli` and `python` naming python3. Built when missing or stale; returns its
-    tag."""
+    `llamafactory-cli`, `python` naming python3 and the package metadata of "llamafactory
+    0+standin". Built when missing or stale; returns its tag."""
     base = images.ensure_vm_image(client, images.PLATFORMS["debian12"], cache_dir, kind="blank")
     wanted = images.inputs_hash(
         "standin/1",
         STANDIN_SCRIPT.read_bytes(),
+        STANDIN_METADATA.read_bytes(),
         images.vm_inputs(images.PLATFORMS["debian12"], "blank"),
     )
     if images.image_inputs(client, STANDIN_IMAGE) == wanted:
@@ -198,9 +203,12 @@ def ensure_standin_image(client, cache_dir: Path) -> str:
     builder = f"hlf-build-standin-{wanted}"
     run(["docker", "rm", "-f", builder], check=False)
     install = (
-        "install -m 0755 /standin /usr/local/bin/llamafactory-cli && "
+        "install -m 0755 /standin/llamafactory-cli /usr/local/bin/llamafactory-cli && "
         "ln -sf /usr/bin/python3 /usr/local/bin/python && "
-        'mkdir -p /workspace && python -c "import sys; assert sys.version_info >= (3, 6)"'
+        'mkdir -p /workspace && python -c "import sys; assert sys.version_info >= (3, 6)" && '
+        'site="$(python -c "import site; print(site.getsitepackages()[0])")" && '
+        'install -D -m 0644 /standin/METADATA "$site/llamafactory-0+standin.dist-info/METADATA" && '
+        "python -c \"from importlib import metadata; print(metadata.version('llamafactory'))\""
     )
     try:
         run(
@@ -210,7 +218,7 @@ def ensure_standin_image(client, cache_dir: Path) -> str:
                 "--name",
                 builder,
                 "-v",
-                f"{STANDIN_SCRIPT}:/standin:ro",
+                f"{STANDIN_DIR}:/standin:ro",
                 base,
                 "/bin/sh",
                 "-c",
