@@ -3,13 +3,16 @@
 # GNU General Public License v3.0+ (see LICENSE or https://www.gnu.org/licenses/gpl-3.0.txt)
 """What the docker_engine role reads on a host, parsed from the tools' own output (unit-tested on
 captured output in tests/unit/fixtures/docker_host): installed packages (dpkg-query), the
-dockerd version and a systemd unit's state."""
+dockerd version, a systemd unit's state and a file's owner, group and mode."""
 
 from __future__ import absolute_import, division, print_function
 
 __metaclass__ = type
 
+import grp
+import pwd
 import re
+import stat
 
 # dpkg-query -W -f "${binary:Package}\t${Version}\t${db:Status-Abbrev}\n" NAME...
 DPKG_FORMAT = "${binary:Package}\\t${Version}\\t${db:Status-Abbrev}\\n"
@@ -52,3 +55,17 @@ def unit_state(stdout):
         "enabled": values.get("UnitFileState") in ("enabled", "enabled-runtime", "static"),
         "state": values.get("ActiveState") or "unknown",
     }
+
+
+def file_attributes(st):
+    """An os.stat result -> {owner, group, mode} as the copy module's options say them: names
+    (ids, as strings, when the host has no such user or group) and 4 octal digits."""
+    try:
+        owner = pwd.getpwuid(st.st_uid).pw_name
+    except KeyError:
+        owner = str(st.st_uid)
+    try:
+        group = grp.getgrgid(st.st_gid).gr_name
+    except KeyError:
+        group = str(st.st_gid)
+    return {"owner": owner, "group": group, "mode": "%04o" % stat.S_IMODE(st.st_mode)}

@@ -32,8 +32,8 @@ options:
     description: A systemd unit whose state to read (its C(.service) suffix optional).
     type: str
   daemon_json:
-    description: A file to read as text (Docker's C(daemon.json)); absent - RV(daemon_json) is
-      null.
+    description: A file to read as text (Docker's C(daemon.json)), with its owner, group and mode;
+      absent - RV(daemon_json) and RV(daemon_json_attributes) are null.
     type: path
   pending_marker:
     description: A file whose existence to report (RV(pending)).
@@ -87,6 +87,13 @@ daemon_json:
   description: The text of O(daemon_json); null when it does not exist.
   returned: always
   type: str
+daemon_json_attributes:
+  description: The owner and group (names, else ids) and the mode (4 octal digits) of
+    O(daemon_json), to compare with what the file should have without another round trip;
+    null when it does not exist.
+  returned: always
+  type: dict
+  sample: {owner: root, group: root, mode: "0644"}
 pending:
   description: Whether O(pending_marker) exists.
   returned: always
@@ -117,7 +124,14 @@ def main():
         supports_check_mode=True,
     )
     params = module.params
-    result = dict(changed=False, packages={}, missing=[], service=None, daemon_json=None)
+    result = dict(
+        changed=False,
+        packages={},
+        missing=[],
+        service=None,
+        daemon_json=None,
+        daemon_json_attributes=None,
+    )
     if params["packages"]:
         dpkg = module.get_bin_path("dpkg-query", required=True)
         # rc 1 names the packages dpkg has never heard of: not installed, not an error.
@@ -139,6 +153,7 @@ def main():
         try:
             with open(params["daemon_json"], "rb") as handle:
                 result["daemon_json"] = handle.read().decode("utf-8", "replace")
+            result["daemon_json_attributes"] = host.file_attributes(os.stat(params["daemon_json"]))
         except (IOError, OSError) as exc:
             module.fail_json(msg="cannot read %s: %s" % (params["daemon_json"], exc))
     result["pending"] = bool(params["pending_marker"]) and os.path.exists(params["pending_marker"])

@@ -98,3 +98,15 @@ def test_no_restart_while_training_runs_and_pending_is_reported(host, tmp_path, 
     # Back to the converged settings, so that the scenario's last state is the normal one.
     rc, _changed, _messages = run_role(host, tmp_path / "4")
     assert rc == 0 and daemon_json(host)["log-opts"]["max-size"] == "100m"
+
+
+def test_a_wrong_mode_alone_is_put_right(host, tmp_path):
+    """The role skips the write when the file it read is already right: text, owner, group and
+    mode are all compared, so a mode changed by hand is still put back."""
+    before = daemon_json(host)
+    host.check_output("chmod 0600 /etc/docker/daemon.json")
+    rc, changed, _messages = run_role(host, tmp_path)
+    assert rc == 0 and changed >= 1
+    config = host.file("/etc/docker/daemon.json")
+    assert (config.user, config.group, config.mode) == ("root", "root", 0o644)
+    assert daemon_json(host) == before

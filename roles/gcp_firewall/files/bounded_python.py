@@ -3,12 +3,13 @@
 """Run a module under a deadline: the interpreter of the role's google.cloud module tasks.
 
 gcp_compute_firewall polls its operation with no deadline, and the task `timeout` keyword stops
-waiting but leaves the module process running. The role writes this file, behind a shebang line
-naming the controller's Python, into a private temporary directory and sets it as the tasks'
-ansible_python_interpreter. It runs that Python with the same arguments and stdin in a session of
-its own; after GCP_FIREWALL_DEADLINE seconds it ends the session's processes and prints a module
-result that fails with deadline_exceeded: true. The module gets a temporary directory (TMPDIR) of
-its own, removed at the end: a stopped module cannot remove its unpacked payload itself.
+waiting but leaves the module process running. The tasks' ansible_python_interpreter is
+bounded_python, the shell script next to this file, which runs this file with the controller's
+Python the role names (GCP_FIREWALL_PYTHON). It runs that Python with the same arguments and
+stdin in a session of its own; after GCP_FIREWALL_DEADLINE seconds it ends the session's
+processes and prints a module result that fails with deadline_exceeded: true. The module gets a
+temporary directory (TMPDIR) of its own, removed at the end: a stopped module cannot remove its
+unpacked payload itself.
 """
 
 import json

@@ -71,3 +71,26 @@ def test_the_deadline_stops_the_module_and_what_it_started(tmp_path):
         time.sleep(0.1)
     assert not alive(module)
     assert not alive(grandchild)
+
+
+def test_the_shipped_interpreter_runs_the_runner_with_the_python_named():
+    """files/bounded_python, the role's ansible_python_interpreter: executable (a collection
+    build keeps the bit), runs bounded_python.py with GCP_FIREWALL_PYTHON, stdin passed on."""
+    shipped = RUNNER.with_suffix("")
+    assert os.access(shipped, os.X_OK)
+    env = dict(os.environ, GCP_FIREWALL_DEADLINE="30", GCP_FIREWALL_PYTHON=sys.executable)
+    done = subprocess.run(
+        [str(shipped)],
+        input="import sys; print(sys.executable)\n",
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=60,
+        check=False,
+    )
+    assert (done.returncode, done.stdout) == (0, sys.executable + "\n")
+    env.pop("GCP_FIREWALL_PYTHON")
+    done = subprocess.run(
+        [str(shipped)], input="", capture_output=True, text=True, env=env, timeout=60, check=False
+    )
+    assert done.returncode != 0 and "GCP_FIREWALL_PYTHON" in done.stderr

@@ -1,6 +1,9 @@
 """docker_host_facts' parsers over captured output (tests/unit/fixtures/docker_host, see its
 README)."""
 
+import grp
+import os
+import pwd
 from pathlib import Path
 
 import pytest
@@ -60,4 +63,26 @@ def test_unit_state_stopped_and_disabled():
         "active": False,
         "enabled": False,
         "state": "failed",
+    }
+
+
+def test_file_attributes_names_owner_group_and_mode(tmp_path):
+    path = tmp_path / "daemon.json"
+    path.write_text("{}\n")
+    os.chmod(path, 0o640)
+    found = host.file_attributes(os.stat(path))
+    assert found == {
+        "owner": pwd.getpwuid(os.getuid()).pw_name,
+        "group": grp.getgrgid(os.getgid()).gr_name,
+        "mode": "0640",
+    }
+
+
+def test_file_attributes_of_unknown_ids_are_the_ids():
+    unknown = 2**31 - 7  # no such user or group on a test machine
+    st = os.stat_result((0o100600, 0, 0, 1, unknown, unknown, 3, 0, 0, 0))
+    assert host.file_attributes(st) == {
+        "owner": str(unknown),
+        "group": str(unknown),
+        "mode": "0600",
     }
