@@ -676,24 +676,26 @@ def scale(bench: BenchCluster, results: Results, reps: int) -> None:
         "_env": SCALE_ENV,
     }
     for rep in range(1, reps + 1):
-        measured = {}
+        measured, saved = {}, set()
         for count in counts if rep % 2 else list(reversed(counts)):
             if all(results.has("scale", case, "N VMs", rep) for case in _scale_cases(count)):
                 continue
             measured[count] = _scale_once(bench, count, rep, job_vars)
-        if 2 not in measured:
-            continue
-        base = measured[2]
-        items = []
-        for count, figures in measured.items():
-            if count == 2:
+            # Saved as soon as it pairs with the 2-VM run: a larger count that fails later
+            # leaves what was measured.
+            if 2 not in measured:
                 continue
-            for name, value in figures.items():
-                case = f"{name}, {count} VMs"
-                items.append(("scale", case, "2 VMs", rep, {"value": base[name]}))
-                items.append(("scale", case, "N VMs", rep, {"value": value}))
-        if items:
-            results.add_many(items)
+            items = []
+            for done, figures in measured.items():
+                if done == 2 or done in saved:
+                    continue
+                saved.add(done)
+                for name, value in figures.items():
+                    case = f"{name}, {done} VMs"
+                    items.append(("scale", case, "2 VMs", rep, {"value": measured[2][name]}))
+                    items.append(("scale", case, "N VMs", rep, {"value": value}))
+            if items:
+                results.add_many(items)
 
 
 SCALE_FIGURES = (

@@ -40,6 +40,14 @@ CAP_DROP = ["SYS_RESOURCE"]
 INOTIFY_PER_VM = 8
 INOTIFY_SPARE = 16
 INOTIFY_LIMIT = Path("/proc/sys/fs/inotify/max_user_instances")
+# The kernel's ARP table is one for every network namespace, so all VMs share its limits
+# (gc_thresh3 1024 by default: 32 VMs that all reach each other overflow it, and connections
+# time out). A VM learns each peer on its VPC and on ext0, and a few more (gateway, registry,
+# its docker0): 2 per VM of its cluster, plus 16.
+NEIGH_SYSCTL = Path("/proc/sys/net/ipv4/neigh/default")
+NEIGH_STATS = Path("/proc/net/stat/arp_cache")
+NEIGH_PER_PEER = 2
+NEIGH_SPARE = 16
 
 
 def cache_dir() -> Path:
@@ -130,6 +138,7 @@ def up(spec: ClusterSpec) -> dict:
     public_key = key.with_suffix(".pub").read_text().strip()
 
     ensure_inotify(len(spec.vms))
+    ensure_neighbours(len(spec.vms))
     try:
         _create_networks(docker_client, spec)
         containers = [_create_vm(docker_client, spec, vm, wanted) for vm in spec.vms]
@@ -204,6 +213,41 @@ def ensure_inotify(new_vms: int, limit: Path = INOTIFY_LIMIT, in_use: int | None
         f"raised fs.inotify.max_user_instances from {current} to {needed}: {in_use} in use and "
         f"{new_vms} VMs to start, {INOTIFY_PER_VM} each (`sysctl -w "
         f"fs.inotify.max_user_instances={current}` puts it back)"
+    )
+    return needed
+
+
+def neighbours_in_use(stats: Path = NEIGH_STATS) -> int:
+    """The entries of the kernel's ARP table now (every network namespace's)."""
+    lines = stats.read_text().splitlines()
+    return int(lines[1].split()[0], 16) if len(lines) > 1 else 0
+
+
+def ensure_neighbours(new_vms: int, sysctl: Path = NEIGH_SYSCTL, in_use: int | None = None) -> int:
+    """Raise the ARP table's limits (net.ipv4.neigh.default.gc_thresh2/3) when a cluster of
+    `new_vms` VMs could overflow it; say so. Returns gc_thresh3 in force."""
+    in_use = neighbours_in_use() if in_use is None else in_use
+    needed = in_use + new_vms * (NEIGH_PER_PEER * new_vms + NEIGH_SPARE)
+    hard, soft = sysctl / "gc_thresh3", sysctl / "gc_thresh2"
+    current = int(hard.read_text())
+    if current >= needed:
+        return current
+    previous_soft = int(soft.read_text())
+    try:
+        hard.write_text(f"{needed}\n")
+        soft.write_text(f"{max(previous_soft, needed // 2)}\n")
+    except OSError as exc:
+        raise ClusterError(
+            f"{new_vms} VMs need an ARP table of at least {needed} entries ({in_use} in use, "
+            f"{NEIGH_PER_PEER} per VM and peer): run `sysctl -w "
+            f"net.ipv4.neigh.default.gc_thresh3={needed}` and `sysctl -w "
+            f"net.ipv4.neigh.default.gc_thresh2={needed // 2}` as root ({exc})"
+        ) from exc
+    log(
+        f"raised net.ipv4.neigh.default.gc_thresh3 from {current} to {needed} (gc_thresh2 "
+        f"{previous_soft} to {max(previous_soft, needed // 2)}): the ARP table is shared by every "
+        f"VM, {new_vms} VMs reaching each other need that many entries (`sysctl -w "
+        f"net.ipv4.neigh.default.gc_thresh3={current}` puts it back)"
     )
     return needed
 

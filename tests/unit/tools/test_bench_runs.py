@@ -166,3 +166,27 @@ def test_the_scale_series_is_interleaved_and_paired_with_the_2_vm_run(tmp_path, 
     order.clear()
     runs.scale(Bench(), Results(tmp_path, resume=True), reps=2)
     assert order == [(1, 2), (2, 2)]
+
+
+def test_a_scale_count_that_fails_keeps_the_smaller_ones(tmp_path, monkeypatch):
+    """32 VMs failed once after 2, 8 and 16 had been measured: those are kept."""
+
+    def once(_bench, count, rep, _job_vars):
+        if count == 16:
+            raise runs.BenchError("scale 16 VMs 1: the launch failed")
+        return dict((name, float(count)) for name in runs.SCALE_FIGURES)
+
+    class Bench:
+        nodes = [{}] * 16
+
+        @staticmethod
+        def push_standin():
+            return "registry/standin"
+
+    monkeypatch.setattr(runs, "_scale_once", once)
+    monkeypatch.setattr(runs, "_become_subreaper", lambda: None)
+    results = Results(tmp_path)
+    with pytest.raises(runs.BenchError):
+        runs.scale(Bench(), results, reps=1)
+    saved = json.loads((tmp_path / "results.json").read_text())["measurements"]
+    assert {m["case"] for m in saved} == {f"{name}, 8 VMs" for name in runs.SCALE_FIGURES}
