@@ -16,11 +16,19 @@ def test_discovery_picks_each_vms_nic(test_cluster, tmp_path):
     state = test_cluster[1]
     vm0, vm1 = state["nodes"]
     for check in (False, True):
-        runner, facts, _results = run_playbook(
+        runner, facts, results = run_playbook(
             state["inventory"], tmp_path / str(check), "playbooks/discover.yml", check=check
         )
         assert runner.rc == 0, runner.stats
         assert sum(runner.stats["changed"].values()) == 0
+        # The report, from primary_nic's findings alone (no fact gathering).
+        report = next(r["res"]["msg"] for r in results["vm1"] if r["task"] == "Show the node")
+        assert report[1].startswith(f"rank 1: trains on eth0 {vm1['vpc_address']}/")
+        assert " mtu 1460 (found by peer route)" in report[1]
+        assert report[2].startswith("default route via eth0 ")
+        assert report[3].startswith("NICs: ") and f"eth0 {vm1['vpc_address']}/" in report[3]
+        assert "ext0 " in report[3] and "no IPv4" not in report[3]
+        assert not [r for r in results["vm1"] if r["task"].startswith("Gather")]
         assert facts["vm0"]["primary_nic"]["interface"] == "ens4"
         # The VM's metadata server names nic0, as on GCE.
         assert facts["vm0"]["primary_nic"]["method"] == "metadata"
