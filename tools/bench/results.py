@@ -316,6 +316,9 @@ def chart(summary: dict, path: Path) -> None:
     figure, axes = plt.subplots(1, len(benches), figsize=(5.2 * len(benches), 4.2), squeeze=False)
     for axis, bench in zip(axes[0], benches, strict=True):
         first, second, figure_name, _reads = COMPARISONS[bench]
+        if bench == "scale":
+            _scale_curves(axis, summary[bench], first, second)
+            continue
         cases = list(summary[bench])
         if bench.startswith("profile-"):
             cases = slowest(summary[bench], first, second, PROFILE_BARS)
@@ -340,3 +343,43 @@ def chart(summary: dict, path: Path) -> None:
     figure.tight_layout()
     figure.savefig(path, dpi=110)
     plt.close(figure)
+
+
+def scale_curves(cases: dict, first: str, second: str) -> dict[str, dict[int, float]]:
+    """The scale table's cases ("FIGURE, N VMs") -> figure -> number of VMs -> median; the
+    2-VM point from the runs each count is paired with."""
+    curves: dict[str, dict[int, float]] = {}
+    for case, stats in cases.items():
+        name, _sep, count = case.rpartition(", ")
+        if not count.endswith(" VMs") or not stats[second]["n"]:
+            continue
+        points = curves.setdefault(name, {})
+        points[int(count.split()[0])] = stats[second]["median"]
+        if stats[first]["n"]:
+            points.setdefault(2, stats[first]["median"])
+    return curves
+
+
+def _scale_curves(axis, cases: dict, first: str, second: str) -> None:
+    """The scale series as curves over the number of VMs: seconds (solid, left axis) and the
+    controller's CPU per VM (dashed, right axis); medians."""
+    curves = scale_curves(cases, first, second)
+    cpu_axis = axis.twinx()
+    for index, (name, points) in enumerate(curves.items()):
+        counts = sorted(points)
+        cpu = "CPU" in name
+        (cpu_axis if cpu else axis).plot(
+            counts,
+            [points[c] for c in counts],
+            linestyle="--" if cpu else "-",
+            marker="o",
+            color=f"C{index}",  # one color cycle over both axes
+            label=name,
+        )
+    axis.set_xlabel("VMs (Ansible's default 5 forks)")
+    axis.set_ylabel("seconds")
+    cpu_axis.set_ylabel("controller CPU s per VM (dashed)")
+    axis.set_xticks(sorted({c for points in curves.values() for c in points}))
+    axis.set_title("10. At scale: the stand-in job, Ansible's default forks", fontsize=9)
+    lines = axis.get_lines() + cpu_axis.get_lines()
+    axis.legend(lines, [line.get_label() for line in lines], fontsize=7, loc="upper center")

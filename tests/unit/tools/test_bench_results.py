@@ -5,7 +5,7 @@ import json
 
 import pytest
 from bench import runs
-from bench.results import Results, markdown, spread, summarize
+from bench.results import Results, chart, markdown, scale_curves, spread, summarize
 
 
 def test_spread_of_values():
@@ -112,3 +112,39 @@ def test_the_demo_ratio_is_cold_over_warm_and_invocations_add_up(tmp_path):
     table = (tmp_path / "results.md").read_text()
     assert "| 450 | 150 | 3.00x |" in table
     assert "`./dev bench --only demo`, then `./dev bench --resume`" in table
+
+
+def test_the_scale_chart_draws_one_curve_per_figure_over_the_vms(tmp_path):
+    rows = []
+    for rep in (1, 2):
+        for count in (8, 32):
+            for name, base, per_vm in (
+                ("re-run (s)", 10.0, 2.0),
+                ("re-run: controller CPU s per VM", 5.0, 0.0),
+            ):
+                case = f"{name}, {count} VMs"
+                rows.append(
+                    {
+                        "bench": "scale",
+                        "case": case,
+                        "variant": "2 VMs",
+                        "rep": rep,
+                        "value": base + rep,
+                    }
+                )
+                rows.append(
+                    {
+                        "bench": "scale",
+                        "case": case,
+                        "variant": "N VMs",
+                        "rep": rep,
+                        "value": base + per_vm * count + rep,
+                    }
+                )
+    summary = summarize(rows)
+    assert scale_curves(summary["scale"], "2 VMs", "N VMs") == {
+        "re-run (s)": {2: 11.5, 8: 27.5, 32: 75.5},
+        "re-run: controller CPU s per VM": {2: 6.5, 8: 6.5, 32: 6.5},
+    }
+    chart(summary, tmp_path / "results.png")
+    assert (tmp_path / "results.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
