@@ -218,8 +218,12 @@ def ensure_inotify(new_vms: int, limit: Path = INOTIFY_LIMIT, in_use: int | None
 
 
 def neighbours_in_use(stats: Path = NEIGH_STATS) -> int:
-    """The entries of the kernel's ARP table now (every network namespace's)."""
-    lines = stats.read_text().splitlines()
+    """The entries of the kernel's ARP table now (every network namespace's); 0 where the
+    kernel does not show them (a container without /proc/net/stat/arp_cache)."""
+    try:
+        lines = stats.read_text().splitlines()
+    except FileNotFoundError:
+        return 0
     return int(lines[1].split()[0], 16) if len(lines) > 1 else 0
 
 
