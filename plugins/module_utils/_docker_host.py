@@ -35,6 +35,28 @@ def installed_packages(stdout):
     return found
 
 
+def os_release(text, machine):
+    """/etc/os-release's text and the machine (uname -m) -> {family, distribution, version,
+    release, architecture, name}: what the docker_engine role would otherwise gather facts for.
+    The family is Debian for Debian and its derivatives (ID or ID_LIKE), else the ID."""
+    values = {}
+    for line in (text or "").splitlines():
+        key, sep, value = line.strip().partition("=")
+        if sep and not key.startswith("#"):
+            values[key] = value.strip().strip("'\"")
+    distribution = values.get("ID", "linux").lower()
+    like = values.get("ID_LIKE", "").lower().split()
+    family = "Debian" if distribution == "debian" or "debian" in like else distribution
+    return {
+        "family": family,
+        "distribution": distribution,
+        "version": values.get("VERSION_ID", ""),
+        "release": values.get("VERSION_CODENAME", ""),
+        "architecture": machine,
+        "name": values.get("PRETTY_NAME") or values.get("NAME") or distribution,
+    }
+
+
 def dockerd_version(stdout):
     """'Docker version 20.10.24+dfsg1, build 5d6db84' -> '20.10.24' (None without a version)."""
     match = re.search(r"version\s+v?(\d+\.\d+(?:\.\d+)?)", stdout or "")

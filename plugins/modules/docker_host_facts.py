@@ -12,14 +12,18 @@ module: docker_host_facts
 short_description: Read what the docker_engine role checks on a host, in one call
 version_added: 0.1.0
 description:
-  - Returns, for what is asked - which of O(packages) are installed (C(dpkg-query)), the state
+  - Returns the operating system (C(/etc/os-release)) and, for what is asked - which of
+    O(packages) are installed (C(dpkg-query)), the state
     of the systemd unit O(service) (C(systemctl show)), the text of O(daemon_json), whether
     O(pending_marker) exists, and the dockerd version (O(dockerd)).
   - Why not M(ansible.builtin.package_facts), M(ansible.builtin.slurp),
     M(ansible.builtin.stat) and M(ansible.builtin.command) - they answer the same questions in
     one round trip each, and a re-run of the collection's playbooks asks them of every node; one
     call per node instead of five is what a re-run's time is made of (docs/benchmarks.md, the
-    task profile). Nothing is changed on the host.
+    task profile). The operating system it returns spares the role a fact gathering (one more
+    round trip). Nothing is changed on the host.
+  - Without C(dpkg-query) (not a Debian-family host) RV(missing) is null instead of a failure:
+    the role names the unsupported system from RV(os).
 author:
   - hostnet.llamafactory contributors (@hostnet)
 options:
@@ -66,13 +70,22 @@ EXAMPLES = r"""
 """
 
 RETURN = r"""
+os:
+  description: The operating system - C(family) (Debian for Debian and its derivatives),
+    C(distribution) (ID), C(version) (VERSION_ID), C(release) (VERSION_CODENAME),
+    C(architecture) (uname -m) and C(name) (PRETTY_NAME).
+  returned: always
+  type: dict
+  sample: {family: Debian, distribution: debian, version: "12", release: bookworm,
+           architecture: x86_64, name: "Debian GNU/Linux 12 (bookworm)"}
 packages:
   description: The installed ones of O(packages), with their versions.
   returned: always
   type: dict
   sample: {docker.io: "20.10.24+dfsg1-1+deb12u1+b6"}
 missing:
-  description: The ones of O(packages) that are not installed, in the order asked.
+  description: The ones of O(packages) that are not installed, in the order asked; null on a
+    host without C(dpkg-query).
   returned: always
   type: list
   elements: str
@@ -132,8 +145,16 @@ def main():
         daemon_json=None,
         daemon_json_attributes=None,
     )
-    if params["packages"]:
-        dpkg = module.get_bin_path("dpkg-query", required=True)
+    try:
+        with open("/etc/os-release") as handle:
+            release = handle.read()
+    except (IOError, OSError):
+        release = ""
+    result["os"] = host.os_release(release, os.uname()[4])
+    dpkg = module.get_bin_path("dpkg-query") if params["packages"] else None
+    if params["packages"] and not dpkg:
+        result["missing"] = None
+    elif params["packages"]:
         # rc 1 names the packages dpkg has never heard of: not installed, not an error.
         _rc, out, _err = module.run_command(
             [dpkg, "-W", "-f", host.DPKG_FORMAT] + params["packages"]

@@ -209,9 +209,9 @@ def test_a_stopped_vm_is_started_the_job_resumes_and_the_vms_stop_when_done(
                 "(gcp_instances_when_done: stop)" in text
             )
         tasks = [e["event_data"]["task"] for e in events if e.get("event") == "runner_on_ok"]
-        assert tasks.index("Fetch the training log and the loss plot") < tasks.index(
-            "Stop or delete the VM through the Compute Engine API"
-        )
+        assert tasks.index(
+            "Bring the training log, the loss plot and the adapter's file list to the controller"
+        ) < tasks.index("Stop or delete the VM through the Compute Engine API")
     finally:
         thread.join(900)
         for vm in vms:

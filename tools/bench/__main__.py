@@ -15,7 +15,8 @@
                  re-run with the job finished, and a run until the preflight names a fault
   scale          the stand-in job (no training: tools/localcluster/standin) on 2, 8, 16 and 32
                  VMs with Ansible's default 5 forks: a detached launch, the wait for a 1-minute
-                 job (its controller CPU per VM per minute) and a re-run
+                 job (its controller CPU per VM per minute), a re-run, and the time until the
+                 preflight names a fault (bridge networking)
   demo           wall time of ./dev demo, cold once (the cluster's images removed) and warm
 
 The runs of each comparison are interleaved within this invocation and paired by repetition;
@@ -47,7 +48,9 @@ NOTES = {
         "collection's real launch, wait and re-run, `ANSIBLE_FORKS=5` (Ansible's default), the "
         "preflight without its all-reduce (the image has no torch). Per repetition and count: "
         "`train.yml` with `launch_wait=false`, then `playbooks/wait.yml` until the 120-step job "
-        "(0.5 s a step) finishes, then `train.yml` again (changed=0). CPU: user+system seconds "
+        "(0.5 s a step) finishes, then `train.yml` again (changed=0), then `train.yml` with "
+        "another job in bridge networking, timed until the preflight names it "
+        "(container-not-on-host-network). CPU: user+system seconds "
         "of ansible-playbook and every process it started. Every count's run is paired with the "
         "2-VM run of the same repetition; the VMs share the controller's 2 cores."
     ),

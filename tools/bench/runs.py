@@ -662,8 +662,9 @@ SCALE_ENV = {"ANSIBLE_FORKS": "5"}
 def scale(bench: BenchCluster, results: Results, reps: int) -> None:
     """The stand-in job (tools/localcluster/standin: real launch, wait, re-run code; no
     training) on 2, 8, 16 and 32 VMs with 5 forks: launched detached, waited for by
-    playbooks/wait.yml (its controller CPU per VM per minute of waiting), then re-run with the
-    job finished. Each count's figures are paired with the 2-VM run of the same repetition."""
+    playbooks/wait.yml (its controller CPU per VM per minute of waiting), re-run with the job
+    finished, then a job with the profile's fault (bridge networking) until the preflight names
+    it. Each count's figures are paired with the 2-VM run of the same repetition."""
     _become_subreaper()
     counts = [c for c in SCALE_COUNTS if c <= len(bench.nodes)]
     if counts[-1] < 8:
@@ -704,6 +705,7 @@ SCALE_FIGURES = (
     "wait: controller CPU s per VM per minute",
     "re-run (s)",
     "re-run: controller CPU s per VM",
+    "time to a named cause (s)",
 )
 
 
@@ -728,6 +730,20 @@ def _scale_once(bench: BenchCluster, count: int, rep: int, job_vars: dict) -> di
     rerun = bench.train(inventory, job, f"{label}: re-run", 1800, **dict(job_vars))
     if rerun["rc"] != 0 or changed_tasks(rerun["output"]) != 0:
         raise BenchError(f"{label}: the re-run failed or changed: {rerun['output'][-1500:]}")
+    # The profile's fault, named by the preflight after every task before it (its probes run
+    # in the stand-in's image): a job of its own on the same VMs.
+    fault = FAULTS[PROFILE_FAULT]
+    faulty = bench.train(
+        inventory,
+        f"scale-fault-n{count}-r{rep}",
+        f"{label}: {PROFILE_FAULT}",
+        1800,
+        _watch=fault["expect"],
+        **dict(job_vars),
+        **fault["vars"],
+    )
+    if faulty["rc"] == 0 or faulty["seen_s"] is None:
+        raise BenchError(f"{label}: {fault['expect']} was not named: {faulty['output'][-1500:]}")
     figures = {
         "launch, detached (s)": round(launched["seconds"], 1),
         "wait for a 1-minute job (s)": round(waited["seconds"], 1),
@@ -736,6 +752,7 @@ def _scale_once(bench: BenchCluster, count: int, rep: int, job_vars: dict) -> di
         ),
         "re-run (s)": round(rerun["seconds"], 1),
         "re-run: controller CPU s per VM": round(rerun["cpu_s"] / count, 2),
+        "time to a named cause (s)": round(faulty["seen_s"], 1),
     }
     say(f"{label}: {figures}")
     return figures

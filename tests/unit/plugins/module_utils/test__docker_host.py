@@ -86,3 +86,36 @@ def test_file_attributes_of_unknown_ids_are_the_ids():
         "group": str(unknown),
         "mode": "0600",
     }
+
+
+def test_os_release_of_captured_debian_12():
+    text = (FIXTURES / "os-release-debian12").read_text()
+    assert host.os_release(text, "x86_64") == {
+        "family": "Debian",
+        "distribution": "debian",
+        "version": "12",
+        "release": "bookworm",
+        "architecture": "x86_64",
+        "name": "Debian GNU/Linux 12 (bookworm)",
+    }
+
+
+@pytest.mark.parametrize(
+    "text, family, release",
+    [
+        (
+            'ID=ubuntu\nID_LIKE=debian\nVERSION_CODENAME=noble\nVERSION_ID="24.04"\n',
+            "Debian",
+            "noble",
+        ),
+        ('ID="rocky"\nID_LIKE="rhel centos fedora"\nVERSION_ID="9.4"\n', "rocky", ""),
+        ("", "linux", ""),
+    ],
+)
+def test_os_release_family(text, family, release):
+    found = host.os_release(text, "aarch64")
+    assert (found["family"], found["release"], found["architecture"]) == (
+        family,
+        release,
+        "aarch64",
+    )

@@ -30,6 +30,7 @@ def test_the_module_on_this_machine(tmp_path):
     assert result["daemon_json"] == '{"log-driver": "json-file"}\n'
     assert result["pending"] is False and result["service"] is None
     assert result["dockerd_version"] is None  # not asked
+    assert result["os"]["family"] == "Debian" and result["os"]["release"]  # this Debian machine
     (tmp_path / "pending").write_text("")
     result = run_module(
         {"daemon_json": str(tmp_path / "absent.json"), "pending_marker": str(tmp_path / "pending")},
