@@ -12,17 +12,17 @@ module: docker_host_facts
 short_description: Read what the docker_engine role checks on a host, in one call
 version_added: 0.1.0
 description:
-  - Returns the operating system (C(/etc/os-release)) and, for what is asked - which of
-    O(packages) are installed (C(dpkg-query)), the state
-    of the systemd unit O(service) (C(systemctl show)), the text of O(daemon_json), whether
-    O(pending_marker) exists, and the dockerd version (O(dockerd)).
+  - Returns the operating system (C(/etc/os-release)) and what is asked - which of
+    O(packages) are installed (C(dpkg-query)), the state of the systemd unit O(service)
+    (C(systemctl show)), the text of O(daemon_json), whether O(pending_marker) exists, and the
+    dockerd version (O(dockerd)).
   - Why not M(ansible.builtin.package_facts), M(ansible.builtin.slurp),
     M(ansible.builtin.stat) and M(ansible.builtin.command) - they answer the same questions in
     one round trip each, and a re-run of the collection's playbooks asks them of every node; one
     call per node instead of five is what a re-run's time is made of (docs/benchmarks.md, the
     task profile). The operating system it returns spares the role a fact gathering (one more
     round trip). Nothing is changed on the host.
-  - Without C(dpkg-query) (not a Debian-family host) RV(missing) is null instead of a failure:
+  - Without C(dpkg-query) (not a Debian-family host) RV(missing) is null instead of a failure;
     the role names the unsupported system from RV(os).
 author:
   - hostnet.llamafactory contributors (@hostnet)
