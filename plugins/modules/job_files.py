@@ -59,11 +59,13 @@ options:
 attributes:
   check_mode:
     support: full
+    description: Reports what would change; writes nothing.
   diff_mode:
     support: full
-    details: The changes of each entry (created, content, owner, mode), not the text.
+    description: Names each change (created, content, owner, mode), not the (maybe secret) text.
   idempotent:
     support: full
+    description: Changes only what differs; a second run reports no change.
 """
 
 EXAMPLES = r"""

@@ -59,14 +59,16 @@ options:
 attributes:
   action:
     support: full
-    details: The node is read in one module call; the files are written by the action plugin.
+    description: The node is read in one module call; the action plugin writes on the controller.
   check_mode:
     support: full
-    details: Says what would be written and writes nothing.
+    description: Says what would be written and writes nothing.
   diff_mode:
     support: none
+    description: The files are binary or long; RV(written) names them.
   idempotent:
     support: full
+    description: A second run writes nothing when nothing changed on the node.
 """
 
 EXAMPLES = r"""

@@ -46,7 +46,7 @@ def test_made_once_then_only_what_differs(tmp_path):
     again = run(tmp_path, entries)
     assert again["changed"] is False and again["changes"] == {}
     (root / "sft" / "agent.json").chmod(0o644)
-    _, entries = job(tmp_path, config="a: 2\n")
+    root, entries = job(tmp_path, config="a: 2\n")
     result = run(tmp_path, entries)
     assert result["changes"] == {
         str(root / "sft" / "config.yaml"): ["content"],
@@ -62,7 +62,7 @@ def test_bad_json_or_a_file_in_a_folders_place_is_refused(tmp_path):
     assert result["failed"] and "agent.json: not valid JSON" in result["msg"]
     assert not root.exists()  # checked before anything is made
     root.write_text("")
-    _, entries = job(tmp_path)
+    root, entries = job(tmp_path)
     result = run(tmp_path, entries)
     assert result["failed"] and result["msg"] == f"{root} is a file, not the directory wanted"
 
