@@ -190,3 +190,29 @@ def test_a_scale_count_that_fails_keeps_the_smaller_ones(tmp_path, monkeypatch):
         runs.scale(Bench(), results, reps=1)
     saved = json.loads((tmp_path / "results.json").read_text())["measurements"]
     assert {m["case"] for m in saved} == {f"{name}, 8 VMs" for name in runs.SCALE_FIGURES}
+
+
+def test_the_rerun_compares_2_vms_with_8_in_a_larger_cluster_too(tmp_path, monkeypatch):
+    """With --nodes 32 (the scale series in the same invocation) the 8-VM re-run is the 8 VMs
+    that trained, not the whole cluster."""
+    asked = []
+
+    class Bench:
+        nodes = [{}] * 32
+
+        @staticmethod
+        def ensure_trained(count, job, deadline_s):
+            asked.append(("trained", count))
+
+        @staticmethod
+        def inventory(count):
+            asked.append(("inventory", count))
+            return tmp_path / f"n{count}.gcp"
+
+        @staticmethod
+        def train(inventory, job, label, deadline_s):
+            return {"rc": 0, "seconds": 10.0, "cpu_s": 8.0, "output": "changed=0 "}
+
+    monkeypatch.setattr(runs, "_become_subreaper", lambda: None)
+    runs.rerun(Bench(), Results(tmp_path), reps=1)
+    assert asked == [("trained", 8), ("inventory", 2), ("inventory", 8)]
