@@ -743,6 +743,9 @@ def _scale_once(bench: BenchCluster, count: int, rep: int, job_vars: dict) -> di
         _watch=fault["expect"],
         **dict(job_vars),
         **fault["vars"],
+        # Detached: a bridge-networked job's wait would need a fork per node (validation
+        # refuses it with 5 forks); the preflight runs before the launch either way.
+        launch_wait=False,
     )
     if faulty["rc"] == 0 or faulty["seen_s"] is None:
         raise BenchError(f"{label}: {fault['expect']} was not named: {faulty['output'][-1500:]}")
