@@ -45,6 +45,19 @@ install_packages() {
 # How to start the daemon here: "systemctl" (systemd runs), else "dockerd".
 start_method() { if [[ -d /run/systemd/system ]]; then echo systemctl; else echo dockerd; fi; }
 
+# A pid file left by a daemon that did not stop cleanly (a machine restarted) makes dockerd
+# refuse to start; it is removed only when no such process runs under that PID.
+remove_stale_pid_file() {
+    local file="$1" name="$2" pid
+    [[ -f "$file" ]] || return 0
+    pid="$(cat "$file" 2>/dev/null)"
+    if [[ -n "$pid" && "$(cat "/proc/$pid/comm" 2>/dev/null)" == "$name" ]]; then
+        return 0
+    fi
+    say "removing $file: it names PID ${pid:-none}, which is not a running $name"
+    rm -f "$file"
+}
+
 ensure_dockerd() {
     docker info >/dev/null 2>&1 && return 0
     local method
@@ -61,6 +74,7 @@ ensure_dockerd() {
         say "starting Docker (systemctl start docker)"
         systemctl start docker
     else
+        remove_stale_pid_file /var/run/docker.pid dockerd
         say "starting dockerd (log: $DOCKERD_LOG)"
         setsid dockerd >"$DOCKERD_LOG" 2>&1 </dev/null &
     fi
