@@ -56,13 +56,16 @@ def render(role: Path) -> str:
     """The role's README: its main entry point, then every other one (tasks_from, or a list of
     settings documented only), each with its variables."""
     specs = yaml.safe_load((role / "meta" / "argument_specs.yml").read_text())["argument_specs"]
-    main = specs["main"]
+    # A role entered as a dependency of many (llamafactory) documents its variables under
+    # `settings` and has no `main`, which Ansible would check on every node at every entry.
+    lead = "main" if "main" in specs else "settings"
+    main = specs[lead]
     lines = [MARK, "", f"# Role `hostnet.llamafactory.{role.name}`", ""]
     lines += [main["short_description"], "", *_paragraphs(main)]
     if main.get("options"):
         lines += ["## Variables", "", *_options(main["options"]), ""]
     for name, entry in specs.items():
-        if name == "main":
+        if name == lead:
             continue
         tasks = role / "tasks" / f"{name}.yml"
         how = f"`tasks_from: {name}.yml`" if tasks.exists() else "documentation only"
