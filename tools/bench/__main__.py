@@ -116,6 +116,14 @@ NOTES = {
         "table 8 until the play ends: the preflight names the fault "
         "(container-not-on-host-network) and nothing is launched."
     ),
+    "profile-rerun-cpu": (
+        "Table 8's runs, with the bench's `task_cpu` callback (tools/bench/callbacks): the CPU "
+        "seconds (user + system) of `ansible-playbook` and of the processes it reaped - a worker "
+        "forked per host and task, and the ssh clients they ran - from a task's start to the "
+        "next one's; the whole run's row also counts the ssh masters. The VMs' own CPU is not "
+        "in it (they share the same 2 cores)."
+    ),
+    "profile-fault-cpu": "Table 9's runs, counted as table 11.",
     "demo": (
         "Cold: after `./dev cluster rmi` (VM images, training image, registry image and its "
         "storage removed; the pip wheelhouse and the debootstrap downloads stay cached). "

@@ -26,6 +26,8 @@ COMPARISONS = {
     "restart-on-nodes": ("container killed", "worker killed", "seconds", "agents / controller"),
     "profile-rerun": ("2 nodes", "8 nodes", "seconds", "8 nodes / 2 nodes"),
     "profile-fault": ("2 nodes", "8 nodes", "seconds", "8 nodes / 2 nodes"),
+    "profile-rerun-cpu": ("2 nodes", "8 nodes", "seconds", "8 nodes / 2 nodes"),
+    "profile-fault-cpu": ("2 nodes", "8 nodes", "seconds", "8 nodes / 2 nodes"),
     # Each case is one figure at N VMs (in its name) next to the same figure at 2 VMs.
     "scale": ("2 VMs", "N VMs", "value", "N VMs / 2 VMs"),
 }
@@ -45,6 +47,13 @@ TITLES = {
         "per task)"
     ),
     "scale": "10. At scale: the stand-in job on 2 VMs versus 8, 16 and 32, Ansible's default forks",
+    "profile-rerun-cpu": (
+        "11. The controller's CPU in a re-run (train.yml with the job finished, CPU s per task)"
+    ),
+    "profile-fault-cpu": (
+        "12. The controller's CPU in a failing run (until the preflight names the fault, CPU s "
+        "per task)"
+    ),
 }
 # The profiles' tables list the tasks that take longest (on either variant); the rest in a line.
 PROFILE_ROWS = 30

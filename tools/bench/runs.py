@@ -768,7 +768,9 @@ def _scale_once(bench: BenchCluster, count: int, rep: int, job_vars: dict) -> di
 # ansible.posix's profile_tasks: every task's time (its start to the next task's start, all
 # hosts together) listed once at the end, in playbook order.
 PROFILE_ENV = {
-    "ANSIBLE_CALLBACKS_ENABLED": "ansible.posix.profile_tasks",
+    # task_cpu (tools/bench/callbacks): the controller's CPU per task, next to the wall time.
+    "ANSIBLE_CALLBACK_PLUGINS": str(ROOT / "tools" / "bench" / "callbacks"),
+    "ANSIBLE_CALLBACKS_ENABLED": "ansible.posix.profile_tasks,task_cpu",
     "PROFILE_TASKS_SUMMARY_ONLY": "true",
     "PROFILE_TASKS_TASK_OUTPUT_LIMIT": "all",
     "PROFILE_TASKS_SORT_ORDER": "none",
@@ -792,6 +794,14 @@ def task_profile(output: str) -> dict[str, float]:
     return times
 
 
+def task_cpu(path: Path) -> dict[str, float]:
+    """task_cpu's file (tools/bench/callbacks/task_cpu.py) -> task name -> the controller's CPU
+    seconds, rounded to 0.01."""
+    if not path.exists():
+        raise BenchError(f"{path} is missing: the task_cpu callback did not run")
+    return {task: round(seconds, 2) for task, seconds in json.loads(path.read_text()).items()}
+
+
 def profile(bench: BenchCluster, results: Results, reps: int) -> None:
     """Every task of train.yml timed on 2 and 8 VMs: a re-run with the job finished, and a run
     whose fault the preflight names."""
@@ -810,12 +820,15 @@ def profile(bench: BenchCluster, results: Results, reps: int) -> None:
             for name, (job, extra, expected_rc) in runs_.items():
                 if results.has(name, WHOLE_RUN, variant, rep):
                     continue
+                label = f"{name} {variant} {rep}"
+                cpu_file = bench.logs / f"{slug(label)}.cpu.json"
+                cpu_file.unlink(missing_ok=True)
                 result = bench.train(
                     bench.inventory(counts[variant]),
                     job,
-                    f"{name} {variant} {rep}",
+                    label,
                     deadline_s=900,
-                    _env=PROFILE_ENV,
+                    _env={**PROFILE_ENV, "TASK_CPU_OUT": str(cpu_file)},
                     **extra,
                 )
                 if result["rc"] != expected_rc or (
@@ -825,10 +838,16 @@ def profile(bench: BenchCluster, results: Results, reps: int) -> None:
                         f"{name} on {variant}: rc {result['rc']}: {result['output'][-1500:]}"
                     )
                 tasks = task_profile(result["output"])
+                cpu = task_cpu(cpu_file).items()
                 results.add_many(
                     [
                         (name, WHOLE_RUN, variant, rep, {"seconds": round(result["seconds"], 1)}),
                         *((name, task, variant, rep, {"seconds": t}) for task, t in tasks.items()),
+                        (f"{name}-cpu", WHOLE_RUN, variant, rep, {"seconds": result["cpu_s"]}),
+                        *(
+                            (f"{name}-cpu", task, variant, rep, {"seconds": t})
+                            for task, t in cpu.items()
+                        ),
                     ]
                 )
                 say(f"{name} {variant} {rep}: {result['seconds']:.1f} s, {len(tasks)} tasks")

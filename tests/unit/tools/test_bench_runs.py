@@ -2,6 +2,7 @@
 task profile read from profile_tasks' recap and its table."""
 
 import json
+from pathlib import Path
 
 import pytest
 import yaml
@@ -216,3 +217,47 @@ def test_the_rerun_compares_2_vms_with_8_in_a_larger_cluster_too(tmp_path, monke
     monkeypatch.setattr(runs, "_become_subreaper", lambda: None)
     runs.rerun(Bench(), Results(tmp_path), reps=1)
     assert asked == [("trained", 8), ("inventory", 2), ("inventory", 8)]
+
+
+def test_task_cpu_gives_each_stretch_to_the_task_that_began_it_and_sums_repeats():
+    from bench.callbacks import task_cpu
+
+    marks = [(None, 1.0), ("A", 1.5), ("B", 2.0), ("A", 2.25), (None, 3.0), ("C", 3.5), (None, 4.0)]
+    assert task_cpu.attribute(marks) == {"A": 1.25, "B": 0.25, "C": 0.5}
+    assert task_cpu.attribute([(None, 1.0)]) == {}
+
+
+def test_the_task_cpu_callback_writes_every_task_of_a_real_run(tmp_path):
+    """ansible-playbook with the callback as the profile enables it, two local hosts."""
+    import os
+    import subprocess
+    import sys
+
+    playbook = tmp_path / "play.yml"
+    playbook.write_text(
+        "- hosts: all\n  gather_facts: false\n  connection: local\n  tasks:\n"
+        "    - {name: Count, ansible.builtin.command: 'python3 -c \"sum(range(3000000))\"',"
+        " changed_when: false}\n"
+        "    - {name: Skip, ansible.builtin.debug: {msg: x}, when: false}\n"
+    )
+    out = tmp_path / "cpu.json"
+    env = {
+        **os.environ,
+        "ANSIBLE_CALLBACK_PLUGINS": runs.PROFILE_ENV["ANSIBLE_CALLBACK_PLUGINS"],
+        "ANSIBLE_CALLBACKS_ENABLED": "task_cpu",
+        "TASK_CPU_OUT": str(out),
+        "ANSIBLE_PYTHON_INTERPRETER": sys.executable,
+    }
+    done = subprocess.run(
+        [str(Path(sys.executable).with_name("ansible-playbook")), "-i", "a,b,", str(playbook)],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=300,
+        check=False,
+    )
+    assert done.returncode == 0, done.stdout + done.stderr
+    spent = runs.task_cpu(out)
+    assert set(spent) == {"Count", "Skip"}
+    # Two processes each summing 3 million numbers, and their workers, against two skips.
+    assert spent["Count"] > spent["Skip"] >= 0
