@@ -622,6 +622,39 @@ def allreduce(bench: BenchCluster, results: Results, reps: int) -> None:
 # ------------------------------------------------------------------ 2. re-run overhead
 
 
+def busy_fraction(first: list[int], second: list[int]) -> float:
+    """The share of CPU time not idle between two readings of /proc/stat's `cpu` line."""
+    deltas = [b - a for a, b in zip(first, second, strict=True)]
+    total = sum(deltas)
+    idle = deltas[3] + deltas[4]  # idle, iowait
+    return (total - idle) / total if total > 0 else 0.0
+
+
+def _cpu_line() -> list[int]:
+    return [int(field) for field in Path("/proc/stat").read_text().split("\n", 1)[0].split()[1:]]
+
+
+def settle(threshold: float = 0.5, quiet_s: float = 10, max_s: float = 180) -> float:
+    """Wait until the machine's CPUs are busy less than `threshold` of the time for `quiet_s`
+    (a training just ended: its containers and the VMs' Docker are still winding down), at most
+    `max_s`; returns the seconds waited. Timed runs then start on a machine at rest."""
+    started = time.monotonic()
+    quiet_since = None
+    while time.monotonic() - started < max_s:
+        before = _cpu_line()
+        time.sleep(2)
+        busy = busy_fraction(before, _cpu_line())
+        now = time.monotonic()
+        if busy < threshold:
+            quiet_since = quiet_since or now
+            if now - quiet_since >= quiet_s:
+                return now - started
+        else:
+            quiet_since = None
+    say(f"the CPUs were still busy after {max_s:.0f} s; measuring anyway")
+    return time.monotonic() - started
+
+
 def rerun(bench: BenchCluster, results: Results, reps: int) -> None:
     _become_subreaper()
     # 8 VMs, also in a larger cluster (--nodes 32 for the scale series): the VMs beyond the
@@ -630,6 +663,7 @@ def rerun(bench: BenchCluster, results: Results, reps: int) -> None:
     if len(bench.nodes) < 8:
         raise BenchError("the re-run benchmark needs the cluster with 8 VMs")
     bench.ensure_trained(8, N8_JOB, deadline_s=2400)
+    say(f"re-run: the machine at rest after {settle():.0f} s")
     jobs = {"2 nodes": BASE_JOB, "8 nodes": N8_JOB}
     for rep in range(1, reps + 1):
         for variant in ("2 nodes", "8 nodes") if rep % 2 else ("8 nodes", "2 nodes"):
@@ -809,6 +843,7 @@ def profile(bench: BenchCluster, results: Results, reps: int) -> None:
     if len(bench.nodes) < 8:
         raise BenchError("the profile needs the cluster with 8 VMs")
     bench.ensure_trained(8, N8_JOB, deadline_s=2400)
+    say(f"profile: the machine at rest after {settle():.0f} s")
     jobs = {"2 nodes": BASE_JOB, "8 nodes": N8_JOB}
     fault = FAULTS[PROFILE_FAULT]
     for rep in range(1, reps + 1):

@@ -261,3 +261,11 @@ def test_the_task_cpu_callback_writes_every_task_of_a_real_run(tmp_path):
     assert set(spent) == {"Count", "Skip"}
     # Two processes each summing 3 million numbers, and their workers, against two skips.
     assert spent["Count"] > spent["Skip"] >= 0
+
+
+def test_busy_fraction_is_the_share_of_cpu_time_not_idle():
+    # user nice system idle iowait irq softirq steal
+    before = [100, 0, 50, 800, 50, 0, 0, 0]
+    after = [160, 0, 70, 900, 60, 0, 0, 10]
+    assert runs.busy_fraction(before, after) == pytest.approx(90 / 200)
+    assert runs.busy_fraction(before, before) == 0.0
