@@ -75,7 +75,9 @@ NOTES = {
         "`train.yml` with the job already finished (every task ok, none changed), 8 VMs versus "
         "their first 2 (the same cluster, two inventories). CPU: user+system seconds of "
         "ansible-playbook and every process it started, its ssh masters included (each run "
-        "opens its own connections). The 8 VMs run on the same 2 cores as the controller."
+        "opens its own connections). The VMs' CPU: user+system seconds of every process in the "
+        "run's VM containers (their cgroups), idle work included. The 8 VMs run on the same 2 "
+        "cores as the controller."
     ),
     "allreduce": (
         "Container: `docker run --network host --ipc host --env-file <the job's env>` of the "

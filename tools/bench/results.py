@@ -175,11 +175,18 @@ def _extra(measurements: list[dict], bench: str, case: str) -> dict:
         }
     if bench == "rerun":
         cpu: dict[str, list[float]] = {}
+        vms: dict[str, list[float]] = {}
         for m in mine:
             if m.get("cpu_s_per_node") is not None:
                 cpu.setdefault(m["variant"], []).append(float(m["cpu_s_per_node"]))
+            if m.get("vm_cpu_s_per_node") is not None:
+                vms.setdefault(m["variant"], []).append(float(m["vm_cpu_s_per_node"]))
         changed = sorted({m.get("changed") for m in mine if m.get("changed") is not None})
-        return {"cpu_s_per_node": {k: spread(v) for k, v in cpu.items()}, "changed": changed}
+        return {
+            "cpu_s_per_node": {k: spread(v) for k, v in cpu.items()},
+            "vm_cpu_s_per_node": {k: spread(v) for k, v in vms.items()},
+            "changed": changed,
+        }
     return {}
 
 
@@ -231,14 +238,16 @@ def markdown(meta: dict, summary: dict) -> str:
                 )
         elif bench == "rerun":
             lines += [
-                "| nodes | wall time (s) | controller CPU s per node |",
-                "|---|---|---|",
+                "| nodes | wall time (s) | controller CPU s per node | the VMs' CPU s per node |",
+                "|---|---|---|---|",
             ]
             for row in cases.values():
                 cpu = row["extra"]["cpu_s_per_node"]
+                vms = row["extra"].get("vm_cpu_s_per_node", {})
                 for variant in (first, second):
                     lines.append(
-                        f"| {variant} | {_fmt(row[variant])} | {_fmt(cpu.get(variant), 2)} |"
+                        f"| {variant} | {_fmt(row[variant])} | {_fmt(cpu.get(variant), 2)} | "
+                        f"{_fmt(vms.get(variant), 2)} |"
                     )
                 lines += [
                     "",

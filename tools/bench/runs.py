@@ -655,6 +655,31 @@ def settle(threshold: float = 0.5, quiet_s: float = 10, max_s: float = 180) -> f
     return time.monotonic() - started
 
 
+def container_cpu_s(container_id: str, cgroup_root: Path = Path("/sys/fs/cgroup")) -> float | None:
+    """A container's CPU seconds so far, from its cgroup (v1 cpuacct or v2 cpu.stat, Docker's
+    cgroupfs or systemd layout); None where none of them is there."""
+    v1 = cgroup_root / "cpuacct" / "docker" / container_id / "cpuacct.usage"
+    if v1.exists():
+        return int(v1.read_text()) / 1e9
+    for v2 in (
+        cgroup_root / "docker" / container_id / "cpu.stat",
+        cgroup_root / "system.slice" / f"docker-{container_id}.scope" / "cpu.stat",
+    ):
+        if v2.exists():
+            for line in v2.read_text().splitlines():
+                key, _, value = line.partition(" ")
+                if key == "usage_usec":
+                    return int(value) / 1e6
+    return None
+
+
+def vms_cpu_s(vms: list[dict]) -> float | None:
+    """The VMs' CPU seconds so far (every process in their containers), or None."""
+    client = cluster.client()
+    readings = [container_cpu_s(client.containers.get(vm["container"]).id) for vm in vms]
+    return None if None in readings else sum(readings)
+
+
 def rerun(bench: BenchCluster, results: Results, reps: int) -> None:
     _become_subreaper()
     # 8 VMs, also in a larger cluster (--nodes 32 for the scale series): the VMs beyond the
@@ -670,9 +695,12 @@ def rerun(bench: BenchCluster, results: Results, reps: int) -> None:
             if results.has("rerun", "train.yml re-run", variant, rep):
                 continue
             inventory = bench.inventory(counts[variant])
+            vms = bench.nodes[: counts[variant]]
+            vms_before = vms_cpu_s(vms)
             result = bench.train(
                 inventory, jobs[variant], f"re-run {variant} {rep}", deadline_s=900
             )
+            vms_after = vms_cpu_s(vms)
             if result["rc"] != 0:
                 raise BenchError(f"re-run on {variant} failed: {result['output'][-1500:]}")
             figures = {
@@ -681,6 +709,8 @@ def rerun(bench: BenchCluster, results: Results, reps: int) -> None:
                 "cpu_s_per_node": round(result["cpu_s"] / counts[variant], 2),
                 "changed": changed_tasks(result["output"]),
             }
+            if vms_before is not None and vms_after is not None:
+                figures["vm_cpu_s_per_node"] = round((vms_after - vms_before) / counts[variant], 2)
             results.add("rerun", "train.yml re-run", variant, rep, **figures)
             say(f"re-run {variant} {rep}: {figures}")
 

@@ -73,11 +73,15 @@ def test_an_unknown_benchmark_is_refused(tmp_path):
 def test_the_table_shows_cpu_per_node_and_changed_tasks():
     measurements = [
         {"bench": "rerun", "case": "train.yml re-run", "variant": v, "rep": 1, "seconds": s}
-        | {"cpu_s_per_node": c, "changed": 0}
-        for v, s, c in [("2 nodes", 40.0, 5.5), ("8 nodes", 80.0, 3.25)]
+        | {"cpu_s_per_node": c, "vm_cpu_s_per_node": vm, "changed": 0}
+        for v, s, c, vm in [("2 nodes", 40.0, 5.5, 1.25), ("8 nodes", 80.0, 3.25, 1.0)]
     ]
     text = markdown({}, summarize(measurements))
-    assert "| 2 nodes | 40.0 | 5.50 |" in text and "| 8 nodes | 80.0 | 3.25 |" in text
+    assert "| 2 nodes | 40.0 | 5.50 | 1.25 |" in text and "| 8 nodes | 80.0 | 3.25 | 1.00 |" in text
+    # A run without the VMs' figure (an earlier results.json) shows none.
+    for m in measurements:
+        del m["vm_cpu_s_per_node"]
+    assert "| 2 nodes | 40.0 | 5.50 | - |" in markdown({}, summarize(measurements))
     assert "Wall time ratio 8 nodes / 2 nodes: 2.00x (changed tasks on the re-runs: [0])" in text
 
 

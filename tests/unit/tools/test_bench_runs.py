@@ -199,7 +199,8 @@ def test_the_rerun_compares_2_vms_with_8_in_a_larger_cluster_too(tmp_path, monke
     asked = []
 
     class Bench:
-        nodes = [{}] * 32
+        def __init__(self):
+            self.nodes = [{"container": f"vm{i}"} for i in range(32)]
 
         @staticmethod
         def ensure_trained(count, job, deadline_s):
@@ -215,8 +216,17 @@ def test_the_rerun_compares_2_vms_with_8_in_a_larger_cluster_too(tmp_path, monke
             return {"rc": 0, "seconds": 10.0, "cpu_s": 8.0, "output": "changed=0 "}
 
     monkeypatch.setattr(runs, "_become_subreaper", lambda: None)
-    runs.rerun(Bench(), Results(tmp_path), reps=1)
+    monkeypatch.setattr(runs, "settle", lambda: 0.0)
+    counted = []
+    monkeypatch.setattr(
+        runs, "vms_cpu_s", lambda vms: counted.append(len(vms)) or 4.0 * len(counted)
+    )
+    results = Results(tmp_path)
+    runs.rerun(Bench(), results, reps=1)
     assert asked == [("trained", 8), ("inventory", 2), ("inventory", 8)]
+    assert counted == [2, 2, 8, 8]  # before and after each run, its VMs only
+    figures = {m["variant"]: m["vm_cpu_s_per_node"] for m in results.measurements}
+    assert figures == {"2 nodes": 2.0, "8 nodes": 0.5}  # (8 - 4) / 2 and (16 - 12) / 8
 
 
 def test_task_cpu_gives_each_stretch_to_the_task_that_began_it_and_sums_repeats():
@@ -236,7 +246,7 @@ def test_the_task_cpu_callback_writes_every_task_of_a_real_run(tmp_path):
     playbook = tmp_path / "play.yml"
     playbook.write_text(
         "- hosts: all\n  gather_facts: false\n  connection: local\n  tasks:\n"
-        "    - {name: Count, ansible.builtin.command: 'python3 -c \"sum(range(3000000))\"',"
+        "    - {name: Count, ansible.builtin.command: 'python3 -c \"sum(range(40000000))\"',"
         " changed_when: false}\n"
         "    - {name: Skip, ansible.builtin.debug: {msg: x}, when: false}\n"
     )
@@ -259,8 +269,8 @@ def test_the_task_cpu_callback_writes_every_task_of_a_real_run(tmp_path):
     assert done.returncode == 0, done.stdout + done.stderr
     spent = runs.task_cpu(out)
     assert set(spent) == {"Count", "Skip"}
-    # Two processes each summing 3 million numbers, and their workers, against two skips.
-    assert spent["Count"] > spent["Skip"] >= 0
+    # Two processes each summing 40 million numbers (about 1 s each), against two skips.
+    assert spent["Count"] > 1.0 > spent["Skip"] >= 0
 
 
 def test_busy_fraction_is_the_share_of_cpu_time_not_idle():
@@ -269,3 +279,15 @@ def test_busy_fraction_is_the_share_of_cpu_time_not_idle():
     after = [160, 0, 70, 900, 60, 0, 0, 10]
     assert runs.busy_fraction(before, after) == pytest.approx(90 / 200)
     assert runs.busy_fraction(before, before) == 0.0
+
+
+def test_a_containers_cpu_is_read_from_its_cgroup_v1_or_v2(tmp_path):
+    v1 = tmp_path / "v1" / "cpuacct" / "docker" / "abc"
+    v1.mkdir(parents=True)
+    (v1 / "cpuacct.usage").write_text("2500000000\n")
+    assert runs.container_cpu_s("abc", tmp_path / "v1") == 2.5
+    v2 = tmp_path / "v2" / "system.slice" / "docker-abc.scope"
+    v2.mkdir(parents=True)
+    (v2 / "cpu.stat").write_text("usage_usec 1500000\nuser_usec 1000000\nsystem_usec 500000\n")
+    assert runs.container_cpu_s("abc", tmp_path / "v2") == 1.5
+    assert runs.container_cpu_s("abc", tmp_path / "none") is None

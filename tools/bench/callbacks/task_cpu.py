@@ -2,7 +2,8 @@
 
 From one task's start to the next one's (as ansible.posix.profile_tasks times them), the CPU
 seconds (user + system) of ansible-playbook and of every process it has reaped: the workers it
-forks for each host and task, and the ssh clients they ran. A task run more than once (an
+forks for each host and task, and the ssh clients they ran (a task's workers are reaped when
+the next task starts, which waits at most 0.2 s for them to exit). A task run more than once (an
 included file's) is summed. Written as JSON {task name: seconds} to $TASK_CPU_OUT at the end.
 ssh's ControlMaster processes detach, so their handshakes are not counted.
 """
@@ -11,7 +12,9 @@ from __future__ import annotations
 
 import itertools
 import json
+import multiprocessing
 import os
+import time
 
 from ansible.plugins.callback import CallbackBase
 
@@ -23,7 +26,13 @@ description: See the module docstring (tools/bench/callbacks/task_cpu.py).
 """
 
 
-def cpu_now() -> float:
+def cpu_now(grace_s: float = 0.2) -> float:
+    # A task starts once every result of the one before is in; its workers are exiting. Reap
+    # them (multiprocessing's own join), waiting at most grace_s, so that their CPU counts for
+    # their task and not when Ansible next starts a worker.
+    deadline = time.monotonic() + grace_s
+    while multiprocessing.active_children() and time.monotonic() < deadline:
+        time.sleep(0.005)
     times = os.times()
     return times.user + times.system + times.children_user + times.children_system
 
