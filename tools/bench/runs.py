@@ -667,9 +667,8 @@ def container_cpu_s(container_id: str, cgroup_root: Path = Path("/sys/fs/cgroup"
     ):
         if v2.exists():
             for line in v2.read_text().splitlines():
-                key, _, value = line.partition(" ")
-                if key == "usage_usec":
-                    return int(value) / 1e6
+                if line.startswith("usage_usec "):
+                    return int(line.split()[1]) / 1e6
     return None
 
 
