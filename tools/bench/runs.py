@@ -902,7 +902,7 @@ def profile(bench: BenchCluster, results: Results, reps: int) -> None:
                         f"{name} on {variant}: rc {result['rc']}: {result['output'][-1500:]}"
                     )
                 tasks = task_profile(result["output"])
-                cpu = task_cpu(cpu_file).items()
+                cpu = task_cpu(cpu_file)
                 results.add_many(
                     [
                         (name, WHOLE_RUN, variant, rep, {"seconds": round(result["seconds"], 1)}),
