@@ -46,14 +46,16 @@ def listing(rank: int) -> dict[str, list[str]]:
 
 
 def report(name, rank, wanted=None, checkpoints=(), log=None, **extra) -> dict:
-    """One rank's report as job_status returns it (plus `rank` and `wanted`). `wanted` defaults
-    to the digest the container carries (the same job); name None: no container."""
+    """One rank's report as job_status returns it, given the digest label this run wants
+    (`wanted`; by default the one the container carries: the same job), plus `rank`; name None:
+    no container."""
     container = job.container_state(inspect(name) if name else None)
+    digest = wanted or container.get("labels", {}).get(job.LABEL_DIGEST, "0" * 16)
     result = {
         "rank": rank,
         "container": container,
         "checkpoints": list(checkpoints),
-        "wanted": wanted or container.get("labels", {}).get(job.LABEL_DIGEST, "0" * 16),
+        "labels_match": job.labels_match(container, {job.LABEL_DIGEST: digest}),
     }
     if log:
         result["log_lines"], result["last_output_at"] = logs(log)

@@ -18,12 +18,19 @@ description:
   - Every option but the input is given by name.
 options:
   _input:
-    description: Host name to its job_status report plus C(rank) and C(wanted) (its digest).
+    description:
+      - Host name to its M(hostnet.llamafactory.job_status) report. Whether the container is
+        this run's is the report's C(labels_match) (job_status given the digest label), else
+        its digest label compared with O(digest).
     type: dict
     required: true
+  ranks:
+    description: Host name to its rank (the order of the hosts in messages), for reports
+      without C(rank).
+    type: dict
   digest:
     description: The wanted digest (container label C(hostnet.llamafactory.digest)) for the
-      reports that carry none in C(wanted).
+      reports without C(labels_match).
     type: str
   restart_allowed:
     description: Whether a changed job may replace a running or finished one.
@@ -50,13 +57,14 @@ _value:
 from ansible_collections.hostnet.llamafactory.plugins.plugin_utils._job_state import decide_launch
 
 
-def launch_decision(reports, *, digest=None, restart_allowed=False, job=""):
+def launch_decision(reports, *, digest=None, restart_allowed=False, job="", ranks=None):
     return decide_launch(
         reports,
         digest,
         restart_allowed=restart_allowed,
         job=job,
         restart_var="launch_restart_on_change",
+        ranks=ranks,
     )
 
 

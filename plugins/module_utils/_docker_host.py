@@ -9,7 +9,9 @@ from __future__ import absolute_import, division, print_function
 
 __metaclass__ = type
 
+import glob
 import grp
+import os
 import pwd
 import re
 import stat
@@ -61,6 +63,29 @@ def dockerd_version(stdout):
     """'Docker version 20.10.24+dfsg1, build 5d6db84' -> '20.10.24' (None without a version)."""
     match = re.search(r"version\s+v?(\d+\.\d+(?:\.\d+)?)", stdout or "")
     return match.group(1) if match else None
+
+
+def package_version(dpkg_version):
+    """A Docker package's dpkg version -> the upstream major.minor.patch: '5:27.3.1-1~debian.12~
+    bookworm' (docker-ce) -> '27.3.1', '20.10.24+dfsg1-1+deb12u1' (docker.io) -> '20.10.24'
+    (None when it does not start with one)."""
+    upstream = (dpkg_version or "").split(":", 1)[-1]
+    match = re.match(r"(\d+\.\d+(?:\.\d+)?)", upstream)
+    return match.group(1) if match else None
+
+
+def package_owning(path, packages, info_dir="/var/lib/dpkg/info"):
+    """The one of `packages` (installed names) whose dpkg file list holds `path`, else None."""
+    for name in packages:
+        multiarch = glob.glob(os.path.join(info_dir, glob.escape(name) + ":*.list"))
+        for listing in [os.path.join(info_dir, name + ".list"), *sorted(multiarch)]:
+            try:
+                with open(listing) as handle:
+                    if any(line.rstrip("\n") == path for line in handle):
+                        return name
+            except (IOError, OSError):
+                continue
+    return None
 
 
 def unit_state(stdout):

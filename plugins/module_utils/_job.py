@@ -54,6 +54,15 @@ def container_state(inspect):
     }
 
 
+def labels_match(container, wanted):
+    """Whether the container (container_state's) carries every label of `wanted` with its
+    value; None without `wanted` or without a container."""
+    if not wanted or container.get("state") == "missing":
+        return None
+    labels = container.get("labels") or {}
+    return all(labels.get(key) == "%s" % value for key, value in wanted.items())
+
+
 def parse_logs(*streams):
     """Timestamped log text (`docker logs --timestamps`, or the decoded Engine API log stream;
     stdout and stderr given apart) as one time-ordered list of lines without timestamps, and the

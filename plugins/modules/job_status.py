@@ -51,6 +51,12 @@ options:
     description: Stop the container (if it runs) before reporting.
     type: bool
     default: false
+  labels:
+    description:
+      - Labels that make the container this run's (the launch role's digest of the rank's
+        settings). RV(labels_match) says whether the container carries every one of them with
+        that value.
+    type: dict
 extends_documentation_fragment:
   - hostnet.llamafactory.docker
   - hostnet.llamafactory.docker.stop
@@ -73,6 +79,13 @@ EXAMPLES = r"""
   hostnet.llamafactory.job_status:
     name: llamafactory-demo
     output_dir: /var/lib/llamafactory/jobs/demo/output
+  register: rank
+
+- name: Look at a rank and whether its container is the one this run wants
+  hostnet.llamafactory.job_status:
+    name: llamafactory-demo
+    labels:
+      hostnet.llamafactory.digest: 6b1f0c2d9e8a7f31
   register: rank
 
 - name: Stop a job's container on every node
@@ -105,6 +118,12 @@ progress:
   returned: always
   type: dict
   sample: {step: 400, total: 4000, loss: 5.04, percentage: 10.0}
+labels_match:
+  description: Whether the container carries every label of O(labels) with its value; null
+    without O(labels) or without a container.
+  returned: always
+  type: bool
+  sample: true
 checkpoints:
   description: Steps of the complete checkpoints on this node (trainer state and, with
     DeepSpeed, the shard folder), ascending.
@@ -222,6 +241,7 @@ def main():
             agent_state=dict(type="path"),
             tail=dict(type="int", default=40),
             stop=dict(type="bool", default=False),
+            labels=dict(type="dict"),
             stop_timeout=dict(type="int", default=10),
             docker_socket=dict(type="path", default="/var/run/docker.sock"),
             docker_timeout=dict(type="int", default=60),
@@ -235,6 +255,7 @@ def main():
     except DockerError as exc:
         module.fail_json(msg="cannot query container %s: %s" % (params["name"], exc))
     result = dict(changed=changed, container=job.container_state(raw), now=time.time())
+    result["labels_match"] = job.labels_match(result["container"], params["labels"])
     lines, last = job.parse_logs(*logs)
     result.update(log_lines=lines[-params["tail"] :], last_output_at=last)
     output_dir = params["output_dir"]

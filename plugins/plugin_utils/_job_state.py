@@ -26,8 +26,11 @@ def common_checkpoint(reports):
 
 
 def _same_job(report, digest):
+    # job_status compared the container's labels with the ones this run wants (labels_match).
+    if report.get("labels_match") is not None:
+        return report["labels_match"]
     labels = (report.get("container") or {}).get("labels") or {}
-    return labels.get(LABEL_DIGEST) == report.get("wanted", digest)
+    return labels.get(LABEL_DIGEST) == digest
 
 
 def _state(report):
@@ -39,14 +42,17 @@ def _succeeded(report):
     return container.get("state") == "exited" and container.get("exit_code") == 0
 
 
-def decide_launch(reports, digest=None, restart_allowed=False, job="", restart_var=""):
+def decide_launch(reports, digest=None, restart_allowed=False, job="", restart_var="", ranks=None):
     """What the launch must do, from every rank's report before it:
     keep (the same job is running or finished), launch (nothing there, or it failed or was
     stopped; resume from the newest checkpoint all ranks hold) or refuse (a different config is
     running or finished and a restart was not allowed).
-    `reports` maps host -> {rank, container, checkpoints, wanted}: `wanted` is the digest that
-    host's container must carry (it differs per rank), else `digest` applies."""
-    hosts = sorted(reports, key=lambda h: reports[h].get("rank", 0))
+    `reports` maps host -> job_status's report {container, checkpoints, labels_match}:
+    labels_match says whether the container carries the digest this run wants for that rank
+    (it differs per rank); a report without it is compared with `digest`. `ranks` (host -> rank)
+    orders the hosts where the reports carry no rank."""
+    ranks = ranks or {}
+    hosts = sorted(reports, key=lambda h: reports[h].get("rank", ranks.get(h, 0)))
     running = [h for h in hosts if _state(reports[h]) in ("running", "restarting", "paused")]
     alive = [h for h in hosts if _state(reports[h]) != "missing"]
     same = [h for h in alive if _same_job(reports[h], digest)]

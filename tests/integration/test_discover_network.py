@@ -22,7 +22,9 @@ def test_discovery_picks_each_vms_nic(test_cluster, tmp_path):
         assert runner.rc == 0, runner.stats
         assert sum(runner.stats["changed"].values()) == 0
         # The report, from primary_nic's findings alone (no fact gathering).
-        report = next(r["res"]["msg"] for r in results["vm1"] if r["task"] == "Show the node")
+        report = next(r["res"]["msg"] for r in results["vm0"] if r["task"] == "Show every node")[
+            "vm1"
+        ]
         assert report[1].startswith(f"rank 1: trains on eth0 {vm1['vpc_address']}/")
         assert " mtu 1460 (found by peer route)" in report[1]
         assert report[2].startswith("default route via eth0 ")

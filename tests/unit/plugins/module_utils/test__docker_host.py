@@ -119,3 +119,27 @@ def test_os_release_family(text, family, release):
         release,
         "aarch64",
     )
+
+
+@pytest.mark.parametrize(
+    ("dpkg_version", "expected"),
+    [
+        ("20.10.24+dfsg1-1+deb12u1", "20.10.24"),  # Debian 12's docker.io
+        ("5:27.3.1-1~debian.12~bookworm", "27.3.1"),  # Docker's docker-ce
+        ("24.0.7-0ubuntu4.1", "24.0.7"),  # Ubuntu 24.04's docker.io
+        ("", None),
+        ("git20240101", None),
+    ],
+)
+def test_package_version(dpkg_version, expected):
+    assert host.package_version(dpkg_version) == expected
+
+
+def test_package_owning_reads_dpkgs_file_lists(tmp_path):
+    (tmp_path / "docker.io.list").write_text("/.\n/usr/sbin\n/usr/sbin/dockerd\n/usr/bin/docker\n")
+    (tmp_path / "containerd:amd64.list").write_text("/usr/bin/containerd\n")
+    packages = ["ca-certificates", "containerd", "docker.io"]  # no list for the first: skipped
+    assert host.package_owning("/usr/sbin/dockerd", packages, str(tmp_path)) == "docker.io"
+    assert host.package_owning("/usr/bin/containerd", packages, str(tmp_path)) == "containerd"
+    assert host.package_owning("/usr/local/bin/dockerd", packages, str(tmp_path)) is None
+    assert host.package_owning("/usr/sbin", packages, str(tmp_path)) == "docker.io"

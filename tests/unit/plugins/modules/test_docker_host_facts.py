@@ -37,3 +37,14 @@ def test_the_module_on_this_machine(tmp_path):
         tmp_path,
     )
     assert result["daemon_json"] is None and result["pending"] is True
+
+
+@pytest.mark.skipif(
+    not Path("/var/lib/dpkg/info/docker.io.list").exists(), reason="needs docker.io"
+)
+def test_the_dockerd_version_comes_from_its_package(tmp_path):
+    # This machine's dockerd is Debian's docker.io (tools/prereqs.sh installs it).
+    asked = run_module({"dockerd": True}, tmp_path)  # no packages: dockerd --version
+    from_package = run_module({"dockerd": True, "packages": ["docker.io"]}, tmp_path)
+    assert asked["dockerd_version"] and from_package["packages"]["docker.io"]
+    assert from_package["dockerd_version"] == asked["dockerd_version"]

@@ -157,6 +157,24 @@ def test_stop_in_check_mode_reports_without_stopping(dockerd, socket_path, tmp_p
     assert not [r for r in dockerd.requests if r[1].endswith("/stop")]
 
 
+def test_labels_match_says_whether_the_container_is_this_runs(dockerd, socket_path, tmp_path):
+    captured = inspect("running")
+    dockerd.add_container("llamafactory-demo", captured)
+    labels = captured["Config"]["Labels"]
+    assert labels, "the captured inspect carries the launch role's labels"
+    key, value = next(iter(labels.items()))
+    for wanted, expected in (({key: value}, True), ({key: value + "x"}, False), (None, None)):
+        result = run_module(
+            tmp_path, name="llamafactory-demo", labels=wanted, docker_socket=socket_path
+        )
+        assert result["labels_match"] is expected, wanted
+    # No container: nothing to match.
+    result = run_module(
+        tmp_path, name="llamafactory-other", labels={key: value}, docker_socket=socket_path
+    )
+    assert result["labels_match"] is None
+
+
 def test_a_missing_container(dockerd, socket_path, tmp_path):
     result = run_module(tmp_path, name="llamafactory-other", docker_socket=socket_path)
     assert result["container"] == {"state": "missing"}

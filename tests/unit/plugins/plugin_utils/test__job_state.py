@@ -5,6 +5,7 @@ from data captured on the local cluster (tests/unit/fixtures/job, see its README
 
 import pytest
 from ansible_collections.hostnet.llamafactory.plugins.module_utils import _job as node
+from ansible_collections.hostnet.llamafactory.plugins.module_utils._job import LABEL_DIGEST
 from ansible_collections.hostnet.llamafactory.plugins.plugin_utils import _job_state as job
 from ansible_collections.hostnet.llamafactory.plugins.plugin_utils._diagnosis import diagnose
 from job_captures import DIGEST_CAPTURE_RANK1, FIXTURES, LOGS, epoch, inspect, listing, report
@@ -152,16 +153,19 @@ def test_checkpoints_on_one_rank_only_start_fresh():
     assert "resuming" not in result["why"]
 
 
-def test_wanted_is_per_host_and_digest_the_fallback():
-    # The captured ranks carry different digests (the config differs per node rank).
+def test_labels_match_is_per_host_and_digest_the_fallback():
+    # The captured ranks carry different digests (the config differs per node rank): each
+    # node's job_status compares its own.
     reports = {"vm0": report("exited-1", 0), "vm1": report("running", 1)}
-    assert reports["vm0"]["wanted"] != reports["vm1"]["wanted"]
+    vm0_digest = reports["vm0"]["container"]["labels"][LABEL_DIGEST]
+    assert vm0_digest != reports["vm1"]["container"]["labels"][LABEL_DIGEST]
+    assert reports["vm0"]["labels_match"] and reports["vm1"]["labels_match"]
     for r in reports.values():
-        del r["wanted"]
+        del r["labels_match"]
     assert job.decide_launch(reports, digest=DIGEST_CAPTURE_RANK1, job="x")["action"] == "launch"
     both_running = {"vm0": report("running", 0), "vm1": report("running", 1)}
     for r in both_running.values():
-        del r["wanted"]
+        del r["labels_match"]
     assert job.decide_launch(both_running, digest=DIGEST_CAPTURE_RANK1)["action"] == "keep"
     assert job.decide_launch(both_running, digest="0" * 16)["action"] == "refuse"
 
@@ -649,3 +653,13 @@ def test_judge_a_stall_a_timeout_and_a_rank_left_running():
     result = job.judge_wait({"state": "ended"}, finals, RANKS, "late", NOW, diagnose)
     assert result["failed"] and result["failed_ranks"] == [1]
     assert "rank 1 (vm1) was still running after rank 0 ended" in result["msg"]
+
+
+def test_reports_without_rank_are_ordered_by_the_plans_ranks():
+    # As the launch role passes them: job_status's reports as registered, ranks from the plan.
+    reports = {h: dict(report("killed-137", r)) for h, r in (("vm1", 1), ("vm0", 0))}
+    for each in reports.values():
+        del each["rank"]
+    result = job.decide_launch(reports, job="capture", ranks={"vm0": 0, "vm1": 1})
+    assert result["action"] == "launch"
+    assert result["why"].startswith("job capture did not finish (vm0 killed")

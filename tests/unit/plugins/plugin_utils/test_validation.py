@@ -1004,3 +1004,23 @@ def test_known_names_come_from_every_roles_spec():
     assert "llamafactory" in on_disk
     for role in on_disk:
         assert set(spec_of(role)) <= set(known), role
+
+
+def test_a_role_without_a_main_spec_is_checked_by_validate_job():
+    # Ansible checks a role's `main` spec on every node each time the role is entered; a role
+    # documents its settings under another entry point only when validate_job (role
+    # llamafactory, its dependency) checks every one of them once, before any node is touched.
+    documented_only = []
+    for path in sorted(ROOT.glob("roles/*/meta/argument_specs.yml")):
+        role = path.parts[-3]
+        specs = yaml.safe_load(path.read_text())["argument_specs"]
+        if "main" in specs:
+            continue
+        documented_only.append(role)
+        assert "settings" in specs, role
+        if role != "llamafactory":
+            meta = yaml.safe_load((ROOT / "roles" / role / "meta" / "main.yml").read_text())
+            needs = [d["role"] if isinstance(d, dict) else d for d in meta["dependencies"]]
+            assert "hostnet.llamafactory.llamafactory" in needs, role
+        assert not [name for name in specs["settings"]["options"] if name not in v.SCHEMA], role
+    assert "launch" in documented_only and "docker_engine" not in documented_only
