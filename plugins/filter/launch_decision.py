@@ -21,7 +21,7 @@ options:
     description:
       - Host name to its M(hostnet.llamafactory.job_status) report. Whether the container is
         this run's is the report's C(labels_match) (job_status given the digest label), else
-        its digest label compared with O(digest).
+        its digest label compared with the report's C(wanted), else with O(digest).
     type: dict
     required: true
   ranks:
@@ -30,7 +30,7 @@ options:
     type: dict
   digest:
     description: The wanted digest (container label C(hostnet.llamafactory.digest)) for the
-      reports without C(labels_match).
+      reports without C(labels_match) or C(wanted).
     type: str
   restart_allowed:
     description: Whether a changed job may replace a running or finished one.

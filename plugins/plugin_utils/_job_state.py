@@ -30,7 +30,7 @@ def _same_job(report, digest):
     if report.get("labels_match") is not None:
         return report["labels_match"]
     labels = (report.get("container") or {}).get("labels") or {}
-    return labels.get(LABEL_DIGEST) == digest
+    return labels.get(LABEL_DIGEST) == report.get("wanted", digest)
 
 
 def _state(report):
@@ -49,7 +49,8 @@ def decide_launch(reports, digest=None, restart_allowed=False, job="", restart_v
     running or finished and a restart was not allowed).
     `reports` maps host -> job_status's report {container, checkpoints, labels_match}:
     labels_match says whether the container carries the digest this run wants for that rank
-    (it differs per rank); a report without it is compared with `digest`. `ranks` (host -> rank)
+    (it differs per rank); a report without it is compared with its own `wanted`, else with
+    `digest`. `ranks` (host -> rank)
     orders the hosts where the reports carry no rank."""
     ranks = ranks or {}
     hosts = sorted(reports, key=lambda h: reports[h].get("rank", ranks.get(h, 0)))

@@ -663,3 +663,12 @@ def test_reports_without_rank_are_ordered_by_the_plans_ranks():
     result = job.decide_launch(reports, job="capture", ranks={"vm0": 0, "vm1": 1})
     assert result["action"] == "launch"
     assert result["why"].startswith("job capture did not finish (vm0 killed")
+
+
+def test_a_reports_wanted_digest_still_counts_without_labels_match():
+    reports = {"vm0": report("running", 0), "vm1": report("running", 1)}
+    for each in reports.values():
+        del each["labels_match"]
+    reports["vm1"]["wanted"] = "fedcba9876543210"
+    result = job.decide_launch(reports, digest=DIGEST_CAPTURE_RANK1, job="x")
+    assert result["action"] == "refuse" and "on vm1 with a different configuration" in result["why"]
