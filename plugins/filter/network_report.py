@@ -9,7 +9,7 @@ __metaclass__ = type
 DOCUMENTATION = r"""
 name: network_report
 short_description: Every node's network as discover_network found it, a few lines per node
-version_added: 0.2.0
+version_added: 0.1.0
 description:
   - From each node's C(primary_nic) fact (M(hostnet.llamafactory.primary_nic)) and its rank:
     where the node is reached, the NIC and address it trains on and how that NIC was found,
