@@ -34,6 +34,22 @@ class Run:
     rc: int
     stats: dict
     events: list = field(repr=False)
+    # How the run was told to reach its hosts: for the hosts' addresses (facts()).
+    inventory: object = field(default=None, repr=False)
+    envvars: dict = field(default_factory=dict, repr=False)
+
+    def addresses(self) -> dict[str, str]:
+        """ansible_host (the name where unset) -> inventory host, from ansible-inventory."""
+        listed = subprocess.run(
+            ["ansible-inventory", "-i", str(self.inventory), "--list"],
+            env={**os.environ, **ENV, **self.envvars},
+            capture_output=True,
+            text=True,
+            check=True,
+            timeout=120,
+        )
+        hostvars = json.loads(listed.stdout).get("_meta", {}).get("hostvars", {})
+        return {str(v.get("ansible_host", h)): h for h, v in hostvars.items()}
 
     def results(self) -> dict[str, list[dict]]:
         """host -> task results in order ({'task', 'ok', 'res'})."""
@@ -48,13 +64,22 @@ class Run:
         return results
 
     def facts(self) -> dict[str, dict]:
-        """host -> the facts set along the way, merged in order."""
-        facts = {}
-        for host, items in self.results().items():
-            merged: dict = {}
-            for item in items:
-                merged.update(item["res"].get("ansible_facts") or {})
-            facts[host] = merged
+        """host -> the facts set along the way, merged in order (loop items included). The
+        facts of a delegated task go to the delegated host, as delegate_facts does (the
+        collection delegates no other task that returns facts)."""
+        addresses = None
+        facts: dict[str, dict] = {host: {} for host in self.results()}
+        for event in self.events:
+            data = event.get("event_data", {})
+            if event.get("event") not in ("runner_on_ok", "runner_item_on_ok"):
+                continue
+            res = data["res"]
+            host = data["host"]
+            delegated = (res.get("_ansible_delegated_vars") or {}).get("ansible_host")
+            if delegated and res.get("ansible_facts"):
+                addresses = self.addresses() if addresses is None else addresses
+                host = addresses.get(delegated, host)
+            facts.setdefault(host, {}).update(res.get("ansible_facts") or {})
         return facts
 
     def failures(self) -> dict[str, dict]:
@@ -127,7 +152,7 @@ def run(
         timeout=timeout,
         **kwargs,
     )
-    return Run(runner.rc, runner.stats or {}, list(runner.events))
+    return Run(runner.rc, runner.stats or {}, list(runner.events), inventory, {**(envvars or {})})
 
 
 def module(module_name: str, tmp_path: Path, path: str, /, **args) -> dict:
