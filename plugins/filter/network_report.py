@@ -11,7 +11,7 @@ name: network_report
 short_description: Every node's network as discover_network found it, a few lines per node
 version_added: 0.1.0
 description:
-  - From each node's C(primary_nic) fact (M(hostnet.llamafactory.primary_nic)) and its rank:
+  - From each node's C(primary_nic) fact (M(hostnet.llamafactory.primary_nic)) and its rank -
     where the node is reached, the NIC and address it trains on and how that NIC was found,
     MASTER_ADDR and C(NCCL_SOCKET_IFNAME), the default route, and every NIC with its IPv4
     addresses (loopback, Docker's and veth interfaces left out).
