@@ -50,8 +50,7 @@ def decide_launch(reports, digest=None, restart_allowed=False, job="", restart_v
     `reports` maps host -> job_status's report {container, checkpoints, labels_match}:
     labels_match says whether the container carries the digest this run wants for that rank
     (it differs per rank); a report without it is compared with its own `wanted`, else with
-    `digest`. `ranks` (host -> rank)
-    orders the hosts where the reports carry no rank."""
+    `digest`. `ranks` (host -> rank) orders the hosts where the reports carry no rank."""
     ranks = ranks or {}
     hosts = sorted(reports, key=lambda h: reports[h].get("rank", ranks.get(h, 0)))
     running = [h for h in hosts if _state(reports[h]) in ("running", "restarting", "paused")]
