@@ -20,6 +20,14 @@ import stat
 DPKG_FORMAT = "${binary:Package}\\t${Version}\\t${db:Status-Abbrev}\\n"
 # systemctl show UNIT --property=...
 UNIT_PROPERTIES = ("LoadState", "ActiveState", "UnitFileState")
+# The read's options (docker_host_facts', and node_survey's `docker_host`).
+OPTIONS = dict(
+    packages=dict(type="list", elements="str", default=[]),
+    service=dict(type="str"),
+    daemon_json=dict(type="path"),
+    pending_marker=dict(type="path"),
+    dockerd=dict(type="bool", default=False),
+)
 
 
 def installed_packages(stdout):
@@ -116,3 +124,69 @@ def file_attributes(st):
     except KeyError:
         group = str(st.st_gid)
     return {"owner": owner, "group": group, "mode": "%04o" % stat.S_IMODE(st.st_mode)}
+
+
+class HostReadError(Exception):
+    """A tool the read needs failed (systemctl, or daemon.json unreadable)."""
+
+
+def read(module, params):
+    """docker_host_facts' result for `params` (its options), with `module` running the tools
+    (run_command, get_bin_path). Raises HostReadError."""
+    result = dict(
+        changed=False,
+        packages={},
+        missing=[],
+        service=None,
+        daemon_json=None,
+        daemon_json_attributes=None,
+    )
+    try:
+        with open("/etc/os-release") as handle:
+            release = handle.read()
+    except (IOError, OSError):
+        release = ""
+    result["os"] = os_release(release, os.uname()[4])
+    packages = params.get("packages") or []
+    dpkg = module.get_bin_path("dpkg-query") if packages else None
+    if packages and not dpkg:
+        result["missing"] = None
+    elif packages:
+        # rc 1 names the packages dpkg has never heard of: not installed, not an error.
+        _rc, out, _err = module.run_command([dpkg, "-W", "-f", DPKG_FORMAT, *packages])
+        installed = installed_packages(out)
+        result["packages"] = dict((n, installed[n]) for n in packages if n in installed)
+        result["missing"] = [n for n in packages if n not in installed]
+    if params.get("service"):
+        systemctl = module.get_bin_path("systemctl")
+        if not systemctl:
+            raise HostReadError("systemctl is not on the PATH: Docker's unit cannot be read")
+        rc, out, err = module.run_command(
+            [systemctl, "show", params["service"], "--property=" + ",".join(UNIT_PROPERTIES)]
+        )
+        if rc != 0:
+            raise HostReadError("systemctl show %s failed: %s" % (params["service"], err.strip()))
+        result["service"] = unit_state(out)
+    daemon_json = params.get("daemon_json")
+    if daemon_json and os.path.exists(daemon_json):
+        try:
+            with open(daemon_json, "rb") as handle:
+                result["daemon_json"] = handle.read().decode("utf-8", "replace")
+            result["daemon_json_attributes"] = file_attributes(os.stat(daemon_json))
+        except (IOError, OSError) as exc:
+            raise HostReadError("cannot read %s: %s" % (daemon_json, exc)) from exc
+    marker = params.get("pending_marker")
+    result["pending"] = bool(marker) and os.path.exists(marker)
+    result["dockerd_version"] = None
+    if params.get("dockerd"):
+        dockerd = module.get_bin_path("dockerd")
+        if dockerd:
+            # The version of the package that installed this dockerd (`packages`), without
+            # starting it; any other dockerd is asked.
+            owner = package_owning(os.path.realpath(dockerd), result["packages"] or {})
+            version = package_version(result["packages"][owner]) if owner else None
+            if version is None:
+                _rc, out, _err = module.run_command([dockerd, "--version"])
+                version = dockerd_version(out)
+            result["dockerd_version"] = version
+    return result

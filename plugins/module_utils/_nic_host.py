@@ -11,9 +11,24 @@ import os
 import socket
 
 from ansible.module_utils.common.text.converters import to_text
-from ansible_collections.hostnet.llamafactory.plugins.module_utils._nic import NicError, parse_links
+from ansible_collections.hostnet.llamafactory.plugins.module_utils._nic import (
+    DEFAULT_EXCLUDE,
+    NicError,
+    choose,
+    parse_links,
+)
 
 DMI_PRODUCT_NAME = "/sys/class/dmi/id/product_name"
+# The read's options (primary_nic's, and node_survey's `nic`).
+OPTIONS = dict(
+    peer=dict(type="str"),
+    interface=dict(type="str"),
+    exclude=dict(type="list", elements="str", default=list(DEFAULT_EXCLUDE)),
+    include_tunnels=dict(type="bool", default=False),
+    gcp_metadata=dict(type="str", choices=["auto", "always", "never"], default="auto"),
+    metadata_url=dict(type="str", default="http://metadata.google.internal/computeMetadata/v1"),
+    metadata_timeout=dict(type="float", default=2.0),
+)
 SYS_NET = "/sys/class/net"
 SYS_INFINIBAND = "/sys/class/infiniband"
 
@@ -128,3 +143,19 @@ def gather(module, params, opener=_open_url, dmi_path=DMI_PRODUCT_NAME):
         )
     layout["sysfs"] = sysfs_facts([link["name"] for link in parse_links(layout["ip_addr"])])
     return layout, peer
+
+
+def discover(module, params, opener=_open_url):
+    """primary_nic's result for `params` (its options): the NIC chosen, with its address, and the
+    warnings found (`warnings_found`) for the module to give. Raises NicError."""
+    layout, peer = gather(module, params, opener)
+    result = choose(
+        layout,
+        interface=params.get("interface"),
+        peer=peer,
+        exclude=params.get("exclude"),
+        include_tunnels=params.get("include_tunnels", False),
+        use_metadata=params.get("gcp_metadata", "auto"),
+    )
+    result["warnings_found"] = result.pop("warnings")
+    return result

@@ -49,7 +49,18 @@ options:
         binary costs the node more CPU than the rest of this module's reads together).
     type: bool
     default: false
+  survey:
+    description:
+      - The fact C(node_survey) of M(hostnet.llamafactory.node_survey). When it holds this playbook
+        run's answer to the same read (its C(docker_host) part asked at least what this task asks,
+        every package of O(packages) among its own), the action returns that answer, RV(surveyed)
+        true, and the node is not contacted.
+      - Anything else (no survey, another run's, another question) - the module reads the node.
+    type: dict
 attributes:
+  action:
+    support: full
+    description: The action plugin answers from O(survey) when it can.
   check_mode:
     support: full
     description: Reads only; runs the same in check mode.
@@ -73,6 +84,10 @@ EXAMPLES = r"""
 """
 
 RETURN = r"""
+surveyed:
+  description: Whether the answer came from O(survey) (the node not contacted).
+  returned: always
+  type: bool
 os:
   description: The operating system - C(family) (Debian for Debian and its derivatives),
     C(distribution) (ID), C(version) (VERSION_ID), C(release) (VERSION_CODENAME),
@@ -122,77 +137,19 @@ dockerd_version:
   sample: 20.10.24
 """
 
-import os
-
 from ansible.module_utils.basic import AnsibleModule
 from ansible_collections.hostnet.llamafactory.plugins.module_utils import _docker_host as host
 
 
 def main():
     module = AnsibleModule(
-        argument_spec=dict(
-            packages=dict(type="list", elements="str", default=[]),
-            service=dict(type="str"),
-            daemon_json=dict(type="path"),
-            pending_marker=dict(type="path"),
-            dockerd=dict(type="bool", default=False),
-        ),
+        argument_spec=dict(host.OPTIONS, survey=dict(type="dict")),
         supports_check_mode=True,
     )
-    params = module.params
-    result = dict(
-        changed=False,
-        packages={},
-        missing=[],
-        service=None,
-        daemon_json=None,
-        daemon_json_attributes=None,
-    )
     try:
-        with open("/etc/os-release") as handle:
-            release = handle.read()
-    except (IOError, OSError):
-        release = ""
-    result["os"] = host.os_release(release, os.uname()[4])
-    dpkg = module.get_bin_path("dpkg-query") if params["packages"] else None
-    if params["packages"] and not dpkg:
-        result["missing"] = None
-    elif params["packages"]:
-        # rc 1 names the packages dpkg has never heard of: not installed, not an error.
-        _rc, out, _err = module.run_command(
-            [dpkg, "-W", "-f", host.DPKG_FORMAT] + params["packages"]
-        )
-        installed = host.installed_packages(out)
-        result["packages"] = dict((n, installed[n]) for n in params["packages"] if n in installed)
-        result["missing"] = [n for n in params["packages"] if n not in installed]
-    if params["service"]:
-        systemctl = module.get_bin_path("systemctl", required=True)
-        rc, out, err = module.run_command(
-            [systemctl, "show", params["service"], "--property=" + ",".join(host.UNIT_PROPERTIES)]
-        )
-        if rc != 0:
-            module.fail_json(msg="systemctl show %s failed: %s" % (params["service"], err.strip()))
-        result["service"] = host.unit_state(out)
-    if params["daemon_json"] and os.path.exists(params["daemon_json"]):
-        try:
-            with open(params["daemon_json"], "rb") as handle:
-                result["daemon_json"] = handle.read().decode("utf-8", "replace")
-            result["daemon_json_attributes"] = host.file_attributes(os.stat(params["daemon_json"]))
-        except (IOError, OSError) as exc:
-            module.fail_json(msg="cannot read %s: %s" % (params["daemon_json"], exc))
-    result["pending"] = bool(params["pending_marker"]) and os.path.exists(params["pending_marker"])
-    result["dockerd_version"] = None
-    if params["dockerd"]:
-        dockerd = module.get_bin_path("dockerd")
-        if dockerd:
-            # The version of the package that installed this dockerd (O(packages)), without
-            # starting it; any other dockerd is asked.
-            owner = host.package_owning(os.path.realpath(dockerd), result["packages"] or {})
-            version = host.package_version(result["packages"][owner]) if owner else None
-            if version is None:
-                _rc, out, _err = module.run_command([dockerd, "--version"])
-                version = host.dockerd_version(out)
-            result["dockerd_version"] = version
+        result = host.read(module, module.params)
+    except host.HostReadError as exc:
+        module.fail_json(msg=str(exc))
     module.exit_json(**result)
 
 

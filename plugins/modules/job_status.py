@@ -57,10 +57,21 @@ options:
         settings). RV(labels_match) says whether the container carries every one of them with
         that value.
     type: dict
+  survey:
+    description:
+      - The fact C(node_survey) of M(hostnet.llamafactory.node_survey). When it holds this playbook
+        run's answer to the same read (its C(job) part asked at least what this task asks, with no
+        O(stop) and no more O(tail) lines), the action returns that answer, RV(surveyed) true, and
+        the node is not contacted.
+      - Anything else (no survey, another run's, another question) - the module reads the node.
+    type: dict
 extends_documentation_fragment:
   - hostnet.llamafactory.docker
   - hostnet.llamafactory.docker.stop
 attributes:
+  action:
+    support: full
+    description: The action plugin answers from O(survey) when it can.
   check_mode:
     support: full
     description: Runs in check mode; a running container is then reported as it would be
@@ -95,6 +106,10 @@ EXAMPLES = r"""
 """
 
 RETURN = r"""
+surveyed:
+  description: Whether the answer came from O(survey) (the node not contacted).
+  returned: always
+  type: bool
 container:
   description: The container's state (V(missing) when there is none), exit code, OOM kill,
     start/finish times (epoch seconds), short ID, image and labels.
@@ -147,126 +162,31 @@ now:
   sample: 1796024741.52
 """
 
-import json
-import os
-import time
-
 from ansible.module_utils.basic import AnsibleModule
-from ansible_collections.hostnet.llamafactory.plugins.module_utils import _job as job
+from ansible_collections.hostnet.llamafactory.plugins.module_utils import _job_status as job_status
 from ansible_collections.hostnet.llamafactory.plugins.module_utils._docker_api import (
     DockerAPI,
     DockerError,
 )
 
-TRAINER_LOG_TAIL_BYTES = 16384
-
-
-def trainer_log_tail(output_dir, since=None):
-    """The end of trainer_log.jsonl; empty when it was last written before `since` (a resumed
-    run appends to the file of the run before it)."""
-    path = os.path.join(output_dir, "trainer_log.jsonl")
-    try:
-        if since and os.path.getmtime(path) < since - 1:
-            return ""
-        with open(path, "rb") as handle:
-            handle.seek(0, os.SEEK_END)
-            size = handle.tell()
-            handle.seek(max(0, size - TRAINER_LOG_TAIL_BYTES))
-            data = handle.read().decode("utf-8", "replace")
-    except (IOError, OSError):
-        return ""
-    return data if size <= TRAINER_LOG_TAIL_BYTES else data.split("\n", 1)[-1]
-
-
-def checkpoint_listing(output_dir):
-    listing = {}
-    try:
-        names = os.listdir(output_dir)
-    except OSError:
-        return listing
-    for name in names:
-        path = os.path.join(output_dir, name)
-        if job.CHECKPOINT.match(name) and os.path.isdir(path):
-            try:
-                listing[name] = os.listdir(path)
-            except OSError:
-                continue
-    return listing
-
-
-def agent_state(path):
-    """The agent's state file as a dict, or None (no agent, not written yet, half written)."""
-    if not path:
-        return None
-    try:
-        with open(path) as handle:
-            state = json.load(handle)
-    except (IOError, OSError, ValueError):
-        return None
-    if not isinstance(state, dict):
-        return None
-    keep = ("state", "attempt", "code", "restarts", "peers")
-    return dict((key, state[key]) for key in keep if key in state)
-
-
-def query(docker, params, check_mode):
-    """The container's inspect (None when absent), its log text (stdout, stderr) and whether it
-    was stopped. Raises DockerError."""
-    name = params["name"]
-    raw = docker.inspect_container(name)
-    stopped = False
-    if params["stop"] and raw and (raw.get("State") or {}).get("Running"):
-        stopped = True
-        if not check_mode:
-            docker.stop_container(name, params["stop_timeout"])
-            raw = docker.inspect_container(name)
-    logs = ("", "")
-    if raw:
-        tty = bool((raw.get("Config") or {}).get("Tty"))
-        try:
-            logs = docker.container_logs(name, tail=params["tail"], timestamps=True, tty=tty)
-        except DockerError as exc:
-            # A logging driver without read support (syslog, gelf...) or a container removed
-            # between the calls: the state still counts.
-            if exc.status is None:
-                raise
-    return raw, logs, stopped
-
 
 def main():
     module = AnsibleModule(
         argument_spec=dict(
-            name=dict(type="str", required=True),
-            output_dir=dict(type="path"),
-            agent_state=dict(type="path"),
-            tail=dict(type="int", default=40),
+            job_status.OPTIONS,
             stop=dict(type="bool", default=False),
             labels=dict(type="dict"),
             stop_timeout=dict(type="int", default=10),
-            docker_socket=dict(type="path", default="/var/run/docker.sock"),
-            docker_timeout=dict(type="int", default=60),
+            survey=dict(type="dict"),
         ),
         supports_check_mode=True,
     )
     params = module.params
     docker = DockerAPI(params["docker_socket"], params["docker_timeout"])
     try:
-        raw, logs, changed = query(docker, params, module.check_mode)
+        result = job_status.read(docker, params, module.check_mode)
     except DockerError as exc:
         module.fail_json(msg="cannot query container %s: %s" % (params["name"], exc))
-    result = dict(changed=changed, container=job.container_state(raw), now=time.time())
-    result["labels_match"] = job.labels_match(result["container"], params["labels"])
-    lines, last = job.parse_logs(*logs)
-    result.update(log_lines=lines[-params["tail"] :], last_output_at=last)
-    output_dir = params["output_dir"]
-    started = result["container"].get("started_at")
-    result["progress"] = (
-        job.last_progress(trainer_log_tail(output_dir, started)) if output_dir else None
-    )
-    result["checkpoints"] = (
-        job.complete_checkpoints(checkpoint_listing(output_dir)) if output_dir else []
-    )
-    result["agent"] = agent_state(params["agent_state"])
     module.exit_json(**result)
 
 

@@ -216,47 +216,22 @@ warnings_found:
 """
 
 from ansible.module_utils.basic import AnsibleModule
-from ansible_collections.hostnet.llamafactory.plugins.module_utils._nic import (
-    DEFAULT_EXCLUDE,
-    NicError,
-    choose,
-)
-from ansible_collections.hostnet.llamafactory.plugins.module_utils._nic_host import gather
+from ansible_collections.hostnet.llamafactory.plugins.module_utils import _nic_host as nic_host
+from ansible_collections.hostnet.llamafactory.plugins.module_utils._nic import NicError
 
 
 def main():
     module = AnsibleModule(
-        argument_spec=dict(
-            peer=dict(type="str"),
-            interface=dict(type="str"),
-            exclude=dict(type="list", elements="str", default=DEFAULT_EXCLUDE),
-            include_tunnels=dict(type="bool", default=False),
-            gcp_metadata=dict(type="str", choices=["auto", "always", "never"], default="auto"),
-            metadata_url=dict(
-                type="str", default="http://metadata.google.internal/computeMetadata/v1"
-            ),
-            metadata_timeout=dict(type="float", default=2.0),
-            fact=dict(type="bool", default=True),
-        ),
+        argument_spec=dict(nic_host.OPTIONS, fact=dict(type="bool", default=True)),
         supports_check_mode=True,
     )
-    params = module.params
     try:
-        layout, peer = gather(module, params)
-        result = choose(
-            layout,
-            interface=params["interface"],
-            peer=peer,
-            exclude=params["exclude"],
-            include_tunnels=params["include_tunnels"],
-            use_metadata=params["gcp_metadata"],
-        )
+        result = nic_host.discover(module, module.params)
     except NicError as exc:
         module.fail_json(msg=str(exc))
-    for warning in result["warnings"]:
+    for warning in result["warnings_found"]:
         module.warn(warning)
-    result["warnings_found"] = result.pop("warnings")
-    facts = {"primary_nic": result} if params["fact"] else {}
+    facts = {"primary_nic": result} if module.params["fact"] else {}
     module.exit_json(changed=False, ansible_facts=facts, **result)
 
 

@@ -10,7 +10,7 @@ from pathlib import Path
 import ansible_run
 import pytest
 from ansible_collections.hostnet.llamafactory.plugins.module_utils import _job as job
-from ansible_collections.hostnet.llamafactory.plugins.modules import job_status
+from ansible_collections.hostnet.llamafactory.plugins.module_utils import _job_status as job_status
 
 FIXTURES = Path(__file__).resolve().parents[2] / "fixtures" / "job"
 
