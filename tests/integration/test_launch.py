@@ -153,6 +153,17 @@ def test_a_second_run_changes_nothing(e2e):
         if e.get("event") == "runner_on_ok" and "Wait for every rank" in e["event_data"]["task"]
     ]
     assert waited == ["vm0"]
+    # docker_engine's and launch's reads were answered by each node's one call of discover_network
+    # (node_survey): one module call per node for the three reads.
+    reads = ("Look at the host - OS, packages", "Look at the job on every node")
+    surveyed = {
+        (read, e["event_data"]["host"]): e["event_data"]["res"].get("surveyed")
+        for e in events
+        if e.get("event") == "runner_on_ok"
+        for read in reads
+        if str(e["event_data"].get("task")).startswith(read)
+    }
+    assert surveyed == {(read, vm): True for read in reads for vm in ("vm0", "vm1")}
     summary = next(
         str(e["event_data"]["res"].get("msg"))
         for e in events
