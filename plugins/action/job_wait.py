@@ -58,7 +58,8 @@ class ActionModule(ActionBase):
         if self._task.check_mode:
             result.update(skipped=True, msg="check mode: not waiting for the job")
             return result
-        host = task_vars["inventory_hostname"]
+        # The node the wait runs on: the delegated one (run_once on rank 0), else the task's.
+        host = self._task.delegate_to or task_vars["inventory_hostname"]
         ranks = dict((h, int(r)) for h, r in args["ranks"].items())
         if host not in ranks:
             result.update(failed=True, msg="%s is not in ranks (%s)" % (host, sorted(ranks)))

@@ -164,6 +164,22 @@ def test_a_second_run_changes_nothing(e2e):
         if str(e["event_data"].get("task")).startswith(read)
     }
     assert surveyed == {(read, vm): True for read in reads for vm in ("vm0", "vm1")}
+    # The job had finished: rank 0 alone was waited for and collected from, then the role ended
+    # (finished.yml) - no task of the attached wait, the restart or the end ran or was skipped.
+    tasks = {
+        str(e["event_data"].get("task"))
+        for e in events
+        if e.get("event", "").startswith("runner_on_")
+    }
+    assert (
+        not {
+            "Launch",
+            "Wait and collect",
+            "Look at every rank after the wait (stopping what still runs after a failure)",
+            "Fetch the logs after a failure, keep, stop or delete the VMs, report",
+        }
+        & tasks
+    ), tasks
     summary = next(
         str(e["event_data"]["res"].get("msg"))
         for e in events
