@@ -10,7 +10,7 @@ __metaclass__ = type
 DOCUMENTATION = r"""
 module: node_survey
 short_description: A node's NIC, Docker host and training job, read in one call
-version_added: 0.2.0
+version_added: 0.1.0
 description:
   - Makes, in one round trip, the reads of M(hostnet.llamafactory.primary_nic) (O(nic)),
     M(hostnet.llamafactory.docker_host_facts) (O(docker_host)) and
