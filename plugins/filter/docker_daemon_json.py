@@ -21,15 +21,28 @@ options:
     type: str
     required: true
   settings:
-    description: The settings to merge in.
+    description: The settings to merge in; a key whose value is null is left out (not set).
     type: dict
     required: true
+  over:
+    description:
+      - More settings merged over O(settings), in order, key by key (the docker_engine role's
+        C(docker_engine_daemon_extra), then C(docker_engine_daemon_settings)); checked the same way.
+    type: list
+    elements: dict
+    default: []
 """
 
 EXAMPLES = r"""
 - name: Merge the runtime in
   ansible.builtin.set_fact:
     merged: "{{ current_text | hostnet.llamafactory.docker_daemon_json({'bip': '172.31.0.1/16'}) }}"
+
+- name: The role's own settings (null - not set), then the user's over them
+  ansible.builtin.set_fact:
+    merged: >-
+      {{ current_text | hostnet.llamafactory.docker_daemon_json(
+           {'bip': none, 'log-driver': 'json-file'}, over=[{'log-opts': {'max-size': '10m'}}]) }}
 """
 
 RETURN = r"""
@@ -123,7 +136,10 @@ def _merge(base, extra):
     return merged
 
 
-def docker_daemon_json(current_text, settings):
+def docker_daemon_json(current_text, settings, over=()):
+    settings = dict((k, v) for k, v in (settings or {}).items() if v is not None)
+    for layer in over or ():
+        settings = _merge(settings, layer or {})
     text = (current_text or "").strip()
     try:
         current = json.loads(text) if text else {}

@@ -73,3 +73,21 @@ def test_bad_input_is_refused_naming_the_key(current, settings, message):
 def test_default_runtime_may_name_a_runtime_already_in_the_file():
     current = json.dumps({"runtimes": {"nvidia": {"path": "nvidia-container-runtime"}}})
     assert docker_daemon_json(current, {"default-runtime": "nvidia"})["default-runtime"] == "nvidia"
+
+
+def test_null_settings_are_left_out_and_the_layers_merge_over_them_key_by_key():
+    current = '{"bip": "172.31.0.1/16", "log-opts": {"labels": "x"}}'
+    merged = docker_daemon_json(
+        current,
+        {"bip": None, "log-driver": "json-file", "log-opts": {"max-size": "100m", "max-file": "3"}},
+        over=[{"log-opts": {"max-size": "10m"}}, {"log-opts": {"max-file": "5"}, "debug": True}],
+    )
+    assert merged == {
+        "bip": "172.31.0.1/16",  # not set by the role: the file's stays
+        "log-driver": "json-file",
+        "log-opts": {"labels": "x", "max-size": "10m", "max-file": "5"},
+        "debug": True,
+    }
+    # A layer's bad value is caught like the settings' own.
+    with pytest.raises(AnsibleFilterError, match="max-file"):
+        docker_daemon_json("", {"log-driver": "json-file"}, over=[{"log-opts": {"max-file": 3}}])
