@@ -12,15 +12,20 @@ __metaclass__ = type
 import os
 
 from ansible.plugins.action import ActionBase
+from ansible_collections.hostnet.llamafactory.plugins.module_utils import (
+    _docker_host as docker_host,
+)
+from ansible_collections.hostnet.llamafactory.plugins.module_utils import _job_status as job_status
 from ansible_collections.hostnet.llamafactory.plugins.module_utils._job import labels_match
 
-# What the modules take when an option is not given (their argument specs).
-DOCKER_HOST_DEFAULTS = dict(
-    packages=[], service=None, daemon_json=None, pending_marker=None, dockerd=False
-)
-JOB_DEFAULTS = dict(
-    output_dir=None, agent_state=None, tail=40, docker_socket="/var/run/docker.sock"
-)
+
+def _defaults(options):
+    """What a module takes for each option that is not given (its argument spec)."""
+    return dict((name, spec.get("default")) for name, spec in options.items())
+
+
+DOCKER_HOST_DEFAULTS = _defaults(docker_host.OPTIONS)
+JOB_DEFAULTS = _defaults(job_status.OPTIONS)
 
 
 def run_identity(pid=None, proc="/proc"):
