@@ -175,6 +175,11 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument(
         "--allreduce-reps", type=int, default=6, help="all_reduce repetitions (short runs: 6)"
     )
+    parser.add_argument(
+        "--rerun-reps",
+        type=int,
+        help="re-run repetitions (default: --reps; a re-run takes seconds, its ratio is noisy)",
+    )
     parser.add_argument("--cap", type=float, default=120, help="hand launch cap, s (120)")
     parser.add_argument("--out", type=Path, default=runs.ROOT / "benchmarks")
     parser.add_argument("--resume", action="store_true", help="keep results.json's runs")
@@ -187,8 +192,10 @@ def main(argv: list[str] | None = None) -> int:
         "scale runs every count up to it: --nodes 32)",
     )
     args = parser.parse_args(argv)
-    if args.reps < 1 or args.allreduce_reps < 1:
-        parser.error("--reps and --allreduce-reps must be 1 or more")
+    if args.rerun_reps is None:
+        args.rerun_reps = args.reps
+    if min(args.reps, args.allreduce_reps, args.rerun_reps) < 1:
+        parser.error("--reps, --allreduce-reps and --rerun-reps must be 1 or more")
     started = datetime.datetime.now(datetime.UTC).strftime("%Y-%m-%d %H:%M UTC")
     selected = [b for b in BENCHMARKS if b in args.only]
     results = Results(
@@ -200,6 +207,7 @@ def main(argv: list[str] | None = None) -> int:
             "versions": versions(),
             "reps": args.reps,
             "allreduce_reps": args.allreduce_reps,
+            "rerun_reps": args.rerun_reps,
             "cap_s": args.cap,
             "notes": NOTES,  # the table shows those of the benchmarks with results
         },
@@ -225,7 +233,7 @@ def main(argv: list[str] | None = None) -> int:
                 if "allreduce" in selected:
                     runs.allreduce(bench, results, args.allreduce_reps)
                 if "rerun" in selected:
-                    runs.rerun(bench, results, args.reps)
+                    runs.rerun(bench, results, args.rerun_reps)
                 if "failures" in selected:
                     runs.failures(bench, results, args.reps)
                 if "profile" in selected:
