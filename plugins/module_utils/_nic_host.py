@@ -1,7 +1,10 @@
 # -*- coding: utf-8 -*-
 # Copyright: hostnet.llamafactory contributors
 # GNU General Public License v3.0+ (see LICENSE or https://www.gnu.org/licenses/gpl-3.0.txt)
-"""Gather a host's network layout for nic.choose(): `ip -j`, sysfs, GCE metadata."""
+"""Gather a host's network layout for nic.choose(): `ip -j`, sysfs, GCE metadata.
+
+Standard library only (tools/gpu_check.py runs it where ansible-core is not installed); the
+module given needs get_bin_path and run_command, as AnsibleModule has them."""
 
 from __future__ import absolute_import, division, print_function
 
@@ -10,7 +13,9 @@ __metaclass__ = type
 import os
 import socket
 
-from ansible.module_utils.common.text.converters import to_text
+from ansible_collections.hostnet.llamafactory.plugins.module_utils import (
+    _network_profile as network_profile,
+)
 from ansible_collections.hostnet.llamafactory.plugins.module_utils._nic import (
     DEFAULT_EXCLUDE,
     NicError,
@@ -28,6 +33,7 @@ OPTIONS = dict(
     gcp_metadata=dict(type="str", choices=["auto", "always", "never"], default="auto"),
     metadata_url=dict(type="str", default="http://metadata.google.internal/computeMetadata/v1"),
     metadata_timeout=dict(type="float", default=2.0),
+    network_profile=dict(type="str", choices=list(network_profile.CHOICES), default="auto"),
 )
 SYS_NET = "/sys/class/net"
 SYS_INFINIBAND = "/sys/class/infiniband"
@@ -55,7 +61,15 @@ def sysfs_facts(names, root=SYS_NET):
             speed = int(speed) if speed is not None and int(speed) > 0 else None
         except ValueError:
             speed = None
-        facts[name] = {"driver": driver, "speed": speed}
+        device = os.path.join(root, name, "device")
+        # The PCI address (0000:06:00.0) the device link ends in; none for virtual NICs.
+        slot = os.path.basename(os.path.realpath(device)) if os.path.islink(device) else None
+        facts[name] = {
+            "driver": driver,
+            "speed": speed,
+            "pci_slot": slot,
+            "rdma": os.path.isdir(os.path.join(device, "infiniband")),
+        }
     return facts
 
 
@@ -67,11 +81,13 @@ def _open_url(*args, **kwargs):
     return open_url(*args, **kwargs)
 
 
-def ask_metadata(url, timeout, opener=_open_url):
-    """nic0's ip and mac from the GCE metadata server, or {'error': ...}."""
+def ask_metadata(url, timeout, opener=_open_url, keys=("ip", "mac")):
+    """nic0's ip and mac (or the instance's keys given, e.g. machine-type) from the GCE metadata
+    server, or {'error': ...}."""
     answer = {}
-    for key in ("ip", "mac"):
-        target = "%s/instance/network-interfaces/0/%s" % (url.rstrip("/"), key)
+    for key in keys:
+        path = key if key == "machine-type" else "network-interfaces/0/%s" % key
+        target = "%s/instance/%s" % (url.rstrip("/"), path)
         try:
             response = opener(
                 target,
@@ -86,10 +102,10 @@ def ask_metadata(url, timeout, opener=_open_url):
                     "error": "%s answered without the header Metadata-Flavor: Google "
                     "(got %r): not a GCE metadata server" % (target, flavor)
                 }
-            answer[key] = to_text(response.read()).strip()
+            answer[key] = response.read().decode("utf-8", "replace").strip()
         # Any failure of the request is the answer: a timeout, a refusal, a bad status.
         except Exception as exc:  # noqa: BLE001  # pylint: disable=broad-except
-            return {"error": "%s: %s" % (target, to_text(exc))}
+            return {"error": "%s: %s" % (target, exc)}
     return answer
 
 
@@ -142,7 +158,39 @@ def gather(module, params, opener=_open_url, dmi_path=DMI_PRODUCT_NAME):
             params["metadata_url"], params["metadata_timeout"], opener
         )
     layout["sysfs"] = sysfs_facts([link["name"] for link in parse_links(layout["ip_addr"])])
+    layout["machine_type"] = None
+    if params.get("network_profile", "auto") == "auto" and (
+        mode == "always" or (mode == "auto" and layout["gce"])
+    ):
+        answer = ask_metadata(
+            params["metadata_url"], params["metadata_timeout"], opener, keys=("machine-type",)
+        )
+        if "error" in answer and mode == "always":
+            raise NicError(
+                "the GCE metadata server did not answer the machine type (%s): check "
+                "metadata_url, or set the network profile (llamafactory_network_profile) "
+                "instead of auto" % answer["error"]
+            )
+        layout["machine_type"] = network_profile.machine_type_name(answer.get("machine-type"))
     return layout, peer
+
+
+def profile_of(layout, chosen, requested):
+    """The node's network profile: its name and why, its control and GPU NICs (every candidate
+    with its reason), the problems found and what a rank needs (setup)."""
+    profile, why = network_profile.choose_profile(requested, layout.get("machine_type"))
+    sysfs = layout.get("sysfs") or {}
+    nics = [
+        dict(link, pci_slot=(sysfs.get(link["name"]) or {}).get("pci_slot"))
+        for link in parse_links(layout["ip_addr"])
+        if link["name"] != "lo"
+    ]
+    rdma = [name for name, facts in sorted(sysfs.items()) if facts.get("rdma")]
+    found = network_profile.find_nics(profile, layout.get("machine_type"), nics, rdma)
+    setup = network_profile.rank_setup(profile, chosen, found["control"], found["gpu"])
+    return dict(
+        found, profile=profile, why=why, machine_type=layout.get("machine_type"), setup=setup
+    )
 
 
 def discover(module, params, opener=_open_url):
@@ -157,5 +205,11 @@ def discover(module, params, opener=_open_url):
         include_tunnels=params.get("include_tunnels", False),
         use_metadata=params.get("gcp_metadata", "auto"),
     )
+    try:
+        result["network_profile"] = profile_of(
+            layout, result["interface"], params.get("network_profile", "auto")
+        )
+    except network_profile.ProfileError as exc:
+        raise NicError(str(exc)) from exc
     result["warnings_found"] = result.pop("warnings")
     return result

@@ -66,6 +66,11 @@ options:
         description: Seconds to wait for each metadata request.
         type: float
         default: 2.0
+      network_profile:
+        description: The NCCL transport to find the NICs for (see primary_nic).
+        type: str
+        choices: [auto, socket, tcpxo, gib]
+        default: auto
   docker_host:
     description: The options of M(hostnet.llamafactory.docker_host_facts).
     type: dict

@@ -72,6 +72,18 @@ options:
       - Seconds to wait for each metadata request.
     type: float
     default: 2.0
+  network_profile:
+    description:
+      - The NCCL transport to find the NICs for (see RV(network_profile)). V(auto) takes it from
+        the machine type, which it asks the GCE metadata server for (on a GCE VM, or anywhere
+        with O(gcp_metadata=always); never with O(gcp_metadata=never)); machine types without
+        GPU NICs, and hosts whose machine type is unknown, get V(socket).
+      - V(tcpxo) (GPUDirect-TCPXO, A3 High and A3 Mega) and V(gib) (RDMA with Google's gIB
+        plugin, A3 Ultra and A4) also find the control and GPU NICs, as Google's scripts do (by
+        PCI address, then by name; RDMA NICs by their RDMA device).
+    type: str
+    choices: [auto, socket, tcpxo, gib]
+    default: auto
   fact:
     description:
       - Set the fact C(primary_nic) to the result. Turn it off for a check that must not replace
@@ -92,7 +104,8 @@ attributes:
     support: full
     description: Sets the fact C(primary_nic) to the module's result (unless O(fact=false)).
 notes:
-  - A3 GPU NICs (GPUDirect-TCPX/TCPXO) use their own NCCL plugin and variables; out of scope.
+  - The machine types, recipes and values of the profiles, with their sources, are in
+    C(plugins/module_utils/_network_profile.py).
 seealso:
   - name: NCCL environment variables
     description: NCCL_SOCKET_IFNAME and NCCL_IB_DISABLE.
@@ -207,6 +220,30 @@ nccl_env:
   returned: success
   type: dict
   sample: {NCCL_SOCKET_IFNAME: "=ens4", GLOO_SOCKET_IFNAME: ens4, NCCL_IB_DISABLE: "1"}
+network_profile:
+  description:
+    - The node's NCCL transport and what its ranks need. C(profile) (V(socket), V(tcpxo) or
+      V(gib)) and C(why) (V(set) or the machine type), C(machine_type) (null when unknown),
+      C(control) and C(gpu) (the NICs found; empty for V(socket)), C(candidates) (every NIC with
+      its C(role) and C(reason)), C(problems) (C(id), C(detail); the GPU NICs' count, MTU and state) and
+      C(setup) (C(env), C(env_script) to source before it, C(library_path), C(volumes),
+      C(devices)).
+  returned: success
+  type: dict
+  sample:
+    profile: socket
+    why: machine type n2-standard-4 has no GPU NICs
+    machine_type: n2-standard-4
+    control: []
+    gpu: []
+    candidates: []
+    problems: []
+    setup:
+      env: {NCCL_SOCKET_IFNAME: "=ens4", GLOO_SOCKET_IFNAME: ens4, NCCL_IB_DISABLE: "1"}
+      env_script: null
+      library_path: []
+      volumes: []
+      devices: []
 warnings_found:
   description: Disagreements noticed (metadata versus route); also shown as warnings.
   returned: success

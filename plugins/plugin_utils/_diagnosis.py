@@ -73,6 +73,16 @@ SIGNATURES = [
         "every node trains on the NIC of the shared network.",
     },
     {
+        "id": "nccl-interface-missing",
+        "example": "NCCL WARN Bootstrap : no socket interface found",
+        "pattern": r"Bootstrap ?: no socket interface found",
+        "cause": "NCCL_SOCKET_IFNAME names no interface this host has (or one that is down), so "
+        "NCCL cannot even start its bootstrap; NIC names differ between images (ens4, eth0, "
+        "enp0s12).",
+        "fix": "Let primary_nic choose the interface, or set llamafactory_interface to a NIC "
+        "that exists and is up on that host.",
+    },
+    {
         "id": "gloo-interface-missing",
         "example": "RuntimeError: [...device.cc:83] ifa != nullptr. Unable to find address for:"
         " eth0",

@@ -145,6 +145,7 @@ def params(**changes):
         "gcp_metadata": "auto",
         "metadata_url": "http://metadata.google.internal/computeMetadata/v1",
         "metadata_timeout": 2.0,
+        "network_profile": "socket",  # the machine type is asked only for auto (tested below)
     }
     return {**base, **changes}
 
@@ -248,3 +249,104 @@ def test_peer_names_are_resolved():
     assert nic_host.resolve("127.0.0.1") == "127.0.0.1"
     with pytest.raises(nic.NicError, match="does not resolve"):
         nic_host.resolve("no-such-host.invalid")
+
+
+MACHINE_TYPE_URL = "http://metadata.google.internal/computeMetadata/v1/instance/machine-type"
+
+
+def test_auto_profile_asks_every_gce_node_for_its_machine_type(dmi):
+    metadata = FakeMetadata({"machine-type": "projects/12345/machineTypes/n2-standard-4"})
+    module = FakeModule(load("gcp-debian12-ens4"))
+    layout, peer = nic_host.gather(
+        module,
+        params(peer="10.128.0.6", network_profile="auto"),
+        opener=metadata,
+        dmi_path=dmi("Google Compute Engine"),
+    )
+    assert [url for url, _h, _t in metadata.requests] == [MACHINE_TYPE_URL]
+    assert layout["machine_type"] == "n2-standard-4"
+    result = nic.choose(layout, peer=peer)
+    found = nic_host.profile_of(layout, result["interface"], "auto")
+    assert (found["profile"], found["why"]) == (
+        "socket",
+        "machine type n2-standard-4 has no GPU NICs",
+    )
+    assert found["setup"]["env"]["NCCL_SOCKET_IFNAME"] == "=" + result["interface"]
+
+
+@pytest.mark.parametrize(
+    ("product", "mode", "asked"),
+    [
+        ("Standard PC", "auto", False),
+        ("Google Compute Engine", "never", False),
+        ("Standard PC", "always", True),
+    ],
+)
+def test_machine_type_follows_gcp_metadata(dmi, product, mode, asked):
+    metadata = FakeMetadata({"machine-type": "projects/1/machineTypes/a3-megagpu-8g"})
+    layout, _peer = nic_host.gather(
+        FakeModule(load("gcp-debian12-ens4")),
+        params(peer="10.128.0.6", gcp_metadata=mode, network_profile="auto"),
+        opener=metadata,
+        dmi_path=dmi(product),
+    )
+    assert (MACHINE_TYPE_URL in [u for u, _h, _t in metadata.requests]) is asked
+    assert layout["machine_type"] == ("a3-megagpu-8g" if asked else None)
+
+
+def test_always_without_a_machine_type_answer_is_an_error(dmi):
+    with pytest.raises(
+        nic.NicError, match=r"did not answer the machine type .*llamafactory_network_profile"
+    ):
+        nic_host.gather(
+            FakeModule(load("gcp-debian12-ens4")),
+            params(peer="10.128.0.6", gcp_metadata="always", network_profile="auto"),
+            opener=FakeMetadata(fail=TimeoutError("timed out")),
+            dmi_path=dmi("Google Compute Engine"),
+        )
+
+
+def test_sysfs_facts_read_pci_addresses_and_rdma_devices(tmp_path):
+    # /sys/class/net as the kernel lays it out: device links into the PCI tree, an infiniband
+    # folder under an RDMA NIC's device, no device link for a virtual NIC.
+    pci = tmp_path / "devices" / "pci0000:00"
+    for slot, rdma in (("0000:00:0c.0", False), ("0000:91:00.0", True)):
+        (pci / slot / "net").mkdir(parents=True)
+        if rdma:
+            (pci / slot / "infiniband" / "mlx5_0").mkdir(parents=True)
+    net = tmp_path / "class" / "net"
+    for name, slot in (
+        ("enp0s12", "0000:00:0c.0"),
+        ("gpu0rdma0", "0000:91:00.0"),
+        ("docker0", None),
+    ):
+        (net / name).mkdir(parents=True)
+        if slot:
+            (net / name / "device").symlink_to(pci / slot)
+    facts = nic_host.sysfs_facts(["enp0s12", "gpu0rdma0", "docker0"], root=str(net))
+    assert facts["enp0s12"]["pci_slot"] == "0000:00:0c.0" and not facts["enp0s12"]["rdma"]
+    assert facts["gpu0rdma0"] == {
+        "driver": None,
+        "speed": None,
+        "pci_slot": "0000:91:00.0",
+        "rdma": True,
+    }
+    assert facts["docker0"]["pci_slot"] is None
+
+
+def test_a3_high_layout_gets_the_tcpxo_profile():
+    # The A3 High fixture's NICs on the PCI addresses their names encode (enp12s0: bus 0x0c).
+    fixture = load("gcp-a3-high-multinic")
+    layout = layout_for(fixture, {"options": {}})
+    names = [link["name"] for link in nic.parse_links(layout["ip_addr"])]
+    slots = {"enp0s12": "0000:00:0c.0"}
+    for name in names:
+        if name.startswith("enp") and name != "enp0s12":
+            slots[name] = f"0000:{int(name[3:].split('s')[0]):02x}:00.0"
+    layout["sysfs"] = {n: {"pci_slot": slots.get(n), "rdma": False} for n in names}
+    layout["machine_type"] = "a3-highgpu-8g"
+    found = nic_host.profile_of(layout, "enp0s12", "auto")
+    assert found["profile"] == "tcpxo" and found["control"] == ["enp0s12"]
+    assert found["gpu"] == ["enp6s0", "enp12s0", "enp134s0", "enp140s0"]
+    assert found["problems"] == []
+    assert found["setup"]["env"]["NCCL_FASTRAK_IFNAME"] == ",".join(found["gpu"])

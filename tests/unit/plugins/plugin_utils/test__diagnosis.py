@@ -26,6 +26,7 @@ def log(name: str) -> str:
             "host networking",
         ),
         ("gloo-no-interface", "gloo-interface-missing", "names eth0", "llamafactory_interface"),
+        ("nccl-no-interface", "nccl-interface-missing", "names no interface", "primary_nic"),
         ("gloo-loopback", "gloo-loopback", "127.0.0.1", "GLOO_SOCKET_IFNAME"),
         ("wrong-nic", "network-unreachable", "cannot reach its peers", "primary_nic"),
         ("master-unreachable", "master-unreachable", "198.19.0.10:29555", "internal address"),
