@@ -77,7 +77,8 @@ NOTES = {
         "ansible-playbook and every process it started, its ssh masters included (each run "
         "opens its own connections). The VMs' CPU: user+system seconds of every process in the "
         "run's VM containers (their cgroups), idle work included. The 8 VMs run on the same 2 "
-        "cores as the controller."
+        "cores as the controller. Each run starts once the CPUs were less than 20% busy for 5 s "
+        "(at most 60 s of waiting)."
     ),
     "allreduce": (
         "Container: `docker run --network host --ipc host --env-file <the job's env>` of the "

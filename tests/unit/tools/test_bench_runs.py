@@ -216,7 +216,8 @@ def test_the_rerun_compares_2_vms_with_8_in_a_larger_cluster_too(tmp_path, monke
             return {"rc": 0, "seconds": 10.0, "cpu_s": 8.0, "output": "changed=0 "}
 
     monkeypatch.setattr(runs, "_become_subreaper", lambda: None)
-    monkeypatch.setattr(runs, "settle", lambda: 0.0)
+    rests = []
+    monkeypatch.setattr(runs, "settle", lambda **limits: rests.append(limits) or 1.0)
     counted = []
     monkeypatch.setattr(
         runs, "vms_cpu_s", lambda vms: counted.append(len(vms)) or 4.0 * len(counted)
@@ -227,6 +228,9 @@ def test_the_rerun_compares_2_vms_with_8_in_a_larger_cluster_too(tmp_path, monke
     assert counted == [2, 2, 8, 8]  # before and after each run, its VMs only
     figures = {m["variant"]: m["vm_cpu_s_per_node"] for m in results.measurements}
     assert figures == {"2 nodes": 2.0, "8 nodes": 0.5}  # (8 - 4) / 2 and (16 - 12) / 8
+    # Once after the trainings, then before each run: every run starts at rest.
+    assert rests == [{}, *[{"threshold": runs.RERUN_REST, "quiet_s": 5, "max_s": 60}] * 2]
+    assert {m["rested_s"] for m in results.measurements} == {1.0}
 
 
 def test_task_cpu_gives_each_stretch_to_the_task_that_began_it_and_sums_repeats():
