@@ -203,11 +203,12 @@ def _slot_of(nic):
     return slot if _PCI_SLOT.match(slot) else None
 
 
-def find_nics(profile, machine_type, nics, rdma_netdevs=()):
+def find_nics(profile, machine_type, nics, rdma_netdevs=(), primary=None):
     """The control and GPU NICs of a node of `profile`, found as Google's scripts find them.
 
     nics: [{name, up, mtu, ipv4: [(address, prefix)], pci_slot, driver}] (the node's netdevs);
-    rdma_netdevs: names of netdevs that have an RDMA device (/sys/class/net/X/device/infiniband).
+    rdma_netdevs: names of netdevs that have an RDMA device (/sys/class/net/X/device/infiniband);
+    primary: the training NIC found by route or metadata, the control NIC of last resort.
     Returns {control, gpu: [names], candidates: [{name, pci_slot, role, reason}], problems}.
     Problems are findings for the preflight (count, MTU, state); errors that make the profile
     unusable raise ProfileError.
@@ -254,6 +255,12 @@ def find_nics(profile, machine_type, nics, rdma_netdevs=()):
                 roles[nic["name"]] = ("gpu", "name %s (no RDMA device seen)" % nic["name"])
         gpu = sorted((n for n, r in roles.items() if r[0] == "gpu"), key=_natural)
 
+    if not gpu:
+        raise ProfileError(
+            "no GPU NIC found for the %s profile on this node (%s): the VM was created without its "
+            "GPU networks, or the profile does not fit its machine type; use the socket profile "
+            "or create the VM with its GPU NICs" % (profile, _listing(nics))
+        )
     control = []
     wanted = (layout or {}).get("control_nics") or []
     for name in wanted:
@@ -269,6 +276,9 @@ def find_nics(profile, machine_type, nics, rdma_netdevs=()):
                 control.append(nic["name"])
                 roles[nic["name"]] = ("control", "a host NIC on PCI bus 0 (%s)" % slot)
         control = control[: len(wanted) or 1]
+    if not control and primary in by_name and primary not in roles:
+        control = [primary]
+        roles[primary] = ("control", "the training NIC (the route to the peers, or nic0)")
     if not control:
         raise ProfileError(
             "no control NIC found for the %s profile (expected %s, or a NIC on PCI bus 0): set "
@@ -277,12 +287,6 @@ def find_nics(profile, machine_type, nics, rdma_netdevs=()):
         )
 
     expected = len((layout or {}).get("gpu_nic_names") or []) or None
-    if not gpu:
-        raise ProfileError(
-            "no GPU NIC found for the %s profile on this node (%s): the VM was created without its "
-            "GPU networks, or the profile does not fit its machine type; use the socket profile "
-            "or create the VM with its GPU NICs" % (profile, _listing(nics))
-        )
     if expected and len(gpu) != expected:
         problems.append(
             {

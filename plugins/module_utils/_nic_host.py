@@ -186,7 +186,19 @@ def profile_of(layout, chosen, requested):
         if link["name"] != "lo"
     ]
     rdma = [name for name, facts in sorted(sysfs.items()) if facts.get("rdma")]
-    found = network_profile.find_nics(profile, layout.get("machine_type"), nics, rdma)
+    try:
+        found = network_profile.find_nics(
+            profile, layout.get("machine_type"), nics, rdma, primary=chosen
+        )
+    except network_profile.ProfileError as exc:
+        if requested != "auto":
+            raise
+        # Chosen from the machine type, not asked for: the VM lacks its GPU networks (it was
+        # created without them). It still trains, over sockets; the finding says what is lost.
+        found = network_profile.find_nics("socket", None, nics, primary=chosen)
+        found["problems"] = [{"id": "gpu-nics-missing", "detail": str(exc)}]
+        why = "%s calls for %s, but %s" % (why, profile, exc)
+        profile = "socket"
     setup = network_profile.rank_setup(profile, chosen, found["control"], found["gpu"])
     return dict(
         found, profile=profile, why=why, machine_type=layout.get("machine_type"), setup=setup

@@ -177,3 +177,15 @@ def test_every_machine_type_cites_its_source_and_expected_bandwidth():
         assert layout["source"] in profiles.SOURCES
         assert len(layout["gpu_nic_names"]) in (4, 8)
         assert profiles.EXPECTED_BUSBW[machine]["threshold"] > 0
+
+
+def test_the_training_nic_is_the_control_nic_of_last_resort():
+    # No recipe name and no PCI address for the host NIC (a virtual NIC): the NIC the route or
+    # nic0 chose carries the control traffic.
+    layout = [nic("ens4")] + [nic(f"gpu{i}", f"0000:{b}:00.0") for i, b in enumerate(A3_MEGA_SLOTS)]
+    found = profiles.find_nics("tcpxo", "a3-megagpu-8g", layout, primary="ens4")
+    assert found["control"] == ["ens4"]
+    reasons = {c["name"]: c["reason"] for c in found["candidates"]}
+    assert reasons["ens4"] == "the training NIC (the route to the peers, or nic0)"
+    with pytest.raises(profiles.ProfileError, match="no control NIC found"):
+        profiles.find_nics("tcpxo", "a3-megagpu-8g", layout)

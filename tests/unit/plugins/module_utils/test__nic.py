@@ -350,3 +350,18 @@ def test_a3_high_layout_gets_the_tcpxo_profile():
     assert found["gpu"] == ["enp6s0", "enp12s0", "enp134s0", "enp140s0"]
     assert found["problems"] == []
     assert found["setup"]["env"]["NCCL_FASTRAK_IFNAME"] == ",".join(found["gpu"])
+
+
+def test_a_gpu_machine_type_without_its_gpu_nics_trains_over_sockets_on_auto():
+    # An A3 Mega VM created with its primary NIC only: auto falls back to sockets and says why;
+    # asking for tcpxo is an error naming the fix.
+    layout = layout_for(load("gcp-debian12-ens4"), {"options": {}})
+    layout["sysfs"] = {}
+    layout["machine_type"] = "a3-megagpu-8g"
+    found = nic_host.profile_of(layout, "ens4", "auto")
+    assert found["profile"] == "socket"
+    assert found["why"].startswith("machine type a3-megagpu-8g calls for tcpxo, but no GPU NIC")
+    assert [p["id"] for p in found["problems"]] == ["gpu-nics-missing"]
+    assert found["setup"]["env"]["NCCL_SOCKET_IFNAME"] == "=ens4"
+    with pytest.raises(nic_host.network_profile.ProfileError, match="create the VM with its GPU"):
+        nic_host.profile_of(layout, "ens4", "tcpxo")
