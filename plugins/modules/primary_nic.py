@@ -224,10 +224,10 @@ network_profile:
   description:
     - The node's NCCL transport and what its ranks need. C(profile) (V(socket), V(tcpxo) or
       V(gib)) and C(why) (V(set) or the machine type), C(machine_type) (null when unknown),
-      C(control) and C(gpu) (the NICs found; empty for V(socket)), C(candidates) (every NIC with
-      its C(role) and C(reason)), C(problems) (C(id), C(detail); the GPU NICs' count, MTU and state) and
-      C(setup) (C(env), C(env_script) to source before it, C(library_path), C(volumes),
-      C(devices)).
+      C(control) and C(gpu) (the NICs found; empty for V(socket)), C(candidates) (every NIC
+      with its C(role) and C(reason)), C(problems) (C(id), C(detail); the GPU NICs' count, MTU
+      and state; C(gpu-nics-missing) when V(auto) fell back to V(socket)) and C(setup)
+      (C(env), C(env_script) to source before it, C(library_path), C(volumes), C(devices)).
   returned: success
   type: dict
   sample:
