@@ -168,8 +168,8 @@ def gather(module, params, opener=_open_url, dmi_path=DMI_PRODUCT_NAME):
         if "error" in answer and mode == "always":
             raise NicError(
                 "the GCE metadata server did not answer the machine type (%s): check "
-                "metadata_url, or set the network profile (llamafactory_network_profile) "
-                "instead of auto" % answer["error"]
+                "metadata_url, or give network_profile (socket, tcpxo or gib) instead of auto"
+                % answer["error"]
             )
         layout["machine_type"] = network_profile.machine_type_name(answer.get("machine-type"))
     return layout, peer

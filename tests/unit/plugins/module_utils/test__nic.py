@@ -296,7 +296,8 @@ def test_machine_type_follows_gcp_metadata(dmi, product, mode, asked):
 
 def test_always_without_a_machine_type_answer_is_an_error(dmi):
     with pytest.raises(
-        nic.NicError, match=r"did not answer the machine type .*llamafactory_network_profile"
+        nic.NicError,
+        match=r"did not answer the machine type .*give network_profile \(socket, tcpxo or gib\)",
     ):
         nic_host.gather(
             FakeModule(load("gcp-debian12-ens4")),
