@@ -159,8 +159,12 @@ def gather(module, params, opener=_open_url, dmi_path=DMI_PRODUCT_NAME):
         )
     layout["sysfs"] = sysfs_facts([link["name"] for link in parse_links(layout["ip_addr"])])
     layout["machine_type"] = None
-    if params.get("network_profile", "auto") == "auto" and (
-        mode == "always" or (mode == "auto" and layout["gce"])
+    # Not asked again of a server that just failed nic0's question: choose() reports that one.
+    failed = "error" in (layout["metadata"] or {})
+    if (
+        params.get("network_profile", "auto") == "auto"
+        and not failed
+        and (mode == "always" or (mode == "auto" and layout["gce"]))
     ):
         answer = ask_metadata(
             params["metadata_url"], params["metadata_timeout"], opener, keys=("machine-type",)

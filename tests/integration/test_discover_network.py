@@ -166,10 +166,19 @@ def test_metadata_path_beats_the_decoy_route(decoy_cluster, metadata_log, tmp_pa
         "default route uses ens5, GCE metadata names ens4" in w for w in found["warnings_found"]
     )
     assert found["metadata"] == {"ip": vm.node["vpc_address"], "mac": vm.node["vpc_mac"]}
+    # nic0's address and MAC, then the machine type (network_profile auto): a VM without GPU
+    # NICs trains over sockets on the NIC found.
     assert requests(vm) == [
-        f"GET /computeMetadata/v1/instance/network-interfaces/0/{key} Google"
-        for key in ("ip", "mac")
+        *(
+            f"GET /computeMetadata/v1/instance/network-interfaces/0/{key} Google"
+            for key in ("ip", "mac")
+        ),
+        "GET /computeMetadata/v1/instance/machine-type Google",
     ]
+    profile = found["network_profile"]
+    assert (profile["profile"], profile["machine_type"]) == ("socket", vm.node["machine_type"])
+    assert profile["why"] == f"machine type {vm.node['machine_type']} has no GPU NICs"
+    assert profile["setup"]["env"]["NCCL_SOCKET_IFNAME"] == "=ens4"
 
     # The role's GCP path, as the local inventory sets it: rank 0 from metadata, the others
     # by route, symmetric.

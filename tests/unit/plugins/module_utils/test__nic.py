@@ -283,7 +283,13 @@ def test_auto_profile_asks_every_gce_node_for_its_machine_type(dmi):
     ],
 )
 def test_machine_type_follows_gcp_metadata(dmi, product, mode, asked):
-    metadata = FakeMetadata({"machine-type": "projects/1/machineTypes/a3-megagpu-8g"})
+    metadata = FakeMetadata(
+        {
+            "ip": "10.128.0.5",
+            "mac": "42:01:0a:80:00:05",
+            "machine-type": "projects/1/machineTypes/a3-megagpu-8g",
+        }
+    )
     layout, _peer = nic_host.gather(
         FakeModule(load("gcp-debian12-ens4")),
         params(peer="10.128.0.6", gcp_metadata=mode, network_profile="auto"),
@@ -302,7 +308,8 @@ def test_always_without_a_machine_type_answer_is_an_error(dmi):
         nic_host.gather(
             FakeModule(load("gcp-debian12-ens4")),
             params(peer="10.128.0.6", gcp_metadata="always", network_profile="auto"),
-            opener=FakeMetadata(fail=TimeoutError("timed out")),
+            # A server that answers nic0's questions, not the machine type.
+            opener=FakeMetadata({"ip": "10.128.0.5", "mac": "42:01:0a:80:00:05"}),
             dmi_path=dmi("Google Compute Engine"),
         )
 
@@ -366,3 +373,16 @@ def test_a_gpu_machine_type_without_its_gpu_nics_trains_over_sockets_on_auto():
     assert found["setup"]["env"]["NCCL_SOCKET_IFNAME"] == "=ens4"
     with pytest.raises(nic_host.network_profile.ProfileError, match="create the VM with its GPU"):
         nic_host.profile_of(layout, "ens4", "tcpxo")
+
+
+def test_a_metadata_server_that_failed_nic0_is_not_asked_the_machine_type(dmi):
+    metadata = FakeMetadata(fail=TimeoutError("timed out"))
+    layout, _peer = nic_host.gather(
+        FakeModule(load("gcp-debian12-ens4")),
+        params(gcp_metadata="always", network_profile="auto"),
+        opener=metadata,
+        dmi_path=dmi("Google Compute Engine"),
+    )
+    assert len(metadata.requests) == 1 and layout["machine_type"] is None
+    with pytest.raises(nic.NicError, match=r"metadata server did not answer .*gcp_metadata"):
+        nic.choose(layout, use_metadata="always")
