@@ -141,21 +141,22 @@ def nccl_env(nic_name, port):
 
 
 def torch_status(python):
-    """None when torch with CUDA and a GPU is usable by `python`, else why not."""
+    """(why not, CUDA version, GPU count): why is None when torch with CUDA and a GPU is usable
+    by `python`; the version and count are None where torch could not tell."""
     probe = "import torch; print(torch.__version__, torch.version.cuda, torch.cuda.device_count())"
     try:
         done = subprocess.run(
             [python, "-c", probe], capture_output=True, text=True, timeout=120, check=False
         )
     except (OSError, subprocess.TimeoutExpired) as exc:
-        return f"{python} could not run: {exc}", None
+        return f"{python} could not run: {exc}", None, None
     if done.returncode != 0:
         last = (done.stderr.strip().splitlines() or ["no output"])[-1]
-        return f"PyTorch is not importable by {python} ({last})", None
+        return f"PyTorch is not importable by {python} ({last})", None, None
     version, cuda, count = done.stdout.split()
     if cuda == "None" or int(count) == 0:
-        return f"PyTorch {version} sees no CUDA GPU (CUDA {cuda}, {count} devices)", cuda
-    return None, cuda
+        return f"PyTorch {version} sees no CUDA GPU (CUDA {cuda}, {count} devices)", None, 0
+    return None, cuda, int(count)
 
 
 def check_nic(nic_host, out):
@@ -233,7 +234,7 @@ def check_nccl(nic, python, out, diagnosis):
     return steps
 
 
-def check_health(gpu_health, out, image_cuda):
+def check_health(gpu_health, out, image_cuda, expected_gpus):
     smi = shutil.which("nvidia-smi")
     if smi is None:
         return {"name": "gpu-health", "status": "skipped", "detail": "nvidia-smi is not installed"}
@@ -262,7 +263,8 @@ def check_health(gpu_health, out, image_cuda):
                 kernel_log = done.stdout
                 break
     parsed = gpu_health.parse_smi_xml(xml.stdout)
-    findings = gpu_health.check(parsed, kernel_log, len(parsed["gpus"]) or None, image_cuda)
+    # The GPUs CUDA sees (PyTorch) against those nvidia-smi lists; unknown without PyTorch.
+    findings = gpu_health.check(parsed, kernel_log, expected_gpus, image_cuda)
     xid_lines = [e["line"] for e in gpu_health.xid_events(kernel_log)] if kernel_log else []
     (out / "kernel-xid.log").write_text("".join(line + "\n" for line in xid_lines))
     errors = [f for f in findings if f["level"] == "error"]
@@ -300,14 +302,14 @@ def main(argv=None):
         steps.append(step)
     except Exception as exc:  # noqa: BLE001 - any failure of the discovery is this step's result
         steps.append({"name": "primary_nic", "status": "failed", "detail": str(exc)})
-    why_not, cuda = torch_status(args.python)
+    why_not, cuda, gpus = torch_status(args.python)
     if why_not or nic is None:
         reason = why_not or "no NIC was found (step primary_nic)"
         for name in ("nccl-good-nic", "nccl-missing-nic", "smoke-test-nccl"):
             steps.append({"name": name, "status": "skipped", "detail": reason})
     else:
         steps.extend(check_nccl(nic["interface"], args.python, out, diagnosis))
-    steps.append(check_health(gpu_health, out, cuda))
+    steps.append(check_health(gpu_health, out, cuda, gpus or None))
     summary = {
         "seconds": round(time.monotonic() - started, 1),
         "host": socket.gethostname(),
