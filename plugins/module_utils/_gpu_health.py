@@ -96,16 +96,12 @@ def _ecc_uncorrected(ecc, scope):
     double_bit = _text(node, "double_bit/total")
     if double_bit is not None:  # pre-Ampere: single_bit / double_bit per location
         return _int(double_bit)
-    return _sum(
-        _text(node, name)
-        for name in (
-            "sram_uncorrectable",
-            "dram_uncorrectable",
-            "sram_uncorrectable_parity",
-            "sram_uncorrectable_secded",
-        )
-        if name != "sram_uncorrectable" or node.find("sram_uncorrectable_parity") is None
-    )
+    # Newer drivers split SRAM's uncorrectable count into parity and SEC-DED.
+    if node.find("sram_uncorrectable_parity") is not None:
+        names = ("sram_uncorrectable_parity", "sram_uncorrectable_secded", "dram_uncorrectable")
+    else:
+        names = ("sram_uncorrectable", "dram_uncorrectable")
+    return _sum(_text(node, name) for name in names)
 
 
 def parse_smi_xml(text):

@@ -229,13 +229,9 @@ def find_nics(profile, machine_type, nics, rdma_netdevs=(), primary=None):
             )
         )
 
-    slot_index = {}
-    for nic in nics:
-        slot = _slot_of(nic)
-        if slot:
-            slot_index[slot] = nic["name"]
     gpu = []
     if profile == "tcpxo":
+        slot_index = dict((_slot_of(nic), nic["name"]) for nic in nics if _slot_of(nic))
         for i, slot in enumerate(layout["gpu_nic_slots"]):
             if slot in slot_index:
                 gpu.append(slot_index[slot])

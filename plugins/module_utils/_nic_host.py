@@ -54,14 +54,14 @@ def is_gce(dmi_path=DMI_PRODUCT_NAME):
 def sysfs_facts(names, root=SYS_NET):
     facts = {}
     for name in names:
-        driver_link = os.path.join(root, name, "device", "driver")
+        device = os.path.join(root, name, "device")
+        driver_link = os.path.join(device, "driver")
         driver = os.path.basename(os.readlink(driver_link)) if os.path.islink(driver_link) else None
         speed = _read(os.path.join(root, name, "speed"))
         try:
             speed = int(speed) if speed is not None and int(speed) > 0 else None
         except ValueError:
             speed = None
-        device = os.path.join(root, name, "device")
         # The PCI address (0000:06:00.0) the device link ends in; none for virtual NICs.
         slot = os.path.basename(os.path.realpath(device)) if os.path.islink(device) else None
         facts[name] = {
