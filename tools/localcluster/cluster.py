@@ -26,7 +26,7 @@ import docker.errors
 import yaml
 
 from . import gce_control, gce_firewall, gce_metadata, images
-from .spec import VM, ClusterSpec, repo_root, to_raw
+from .spec import VM, ClusterSpec, machine_nics, pci_slots, repo_root, to_raw
 from .util import ClusterError, log, pipe, run, wait_until
 
 CLUSTER_LABEL = "hostnet.llamafactory.cluster"
@@ -86,7 +86,28 @@ def _vm_networks(spec: ClusterSpec, vm: VM) -> list[tuple[str, str]]:
         pairs.append(("secondary", vm.second_nic))
     if vm.decoy:
         pairs.append(("decoy", vm.decoy))
+    # A GPU machine type's other NICs (spec.machine_nics: control1, gpu0.., rdma0..), each on a
+    # network of its own; the rename below goes by MAC, whatever their number.
+    pairs += [(nic.role, nic.name) for nic in machine_nics(vm) if nic.role != "vpc"]
     return pairs
+
+
+# Stand-ins for the devices a GPU machine type's ranks open (no such hardware here): the tcpxo
+# types' /dev/aperture_devices/<BDF> (each GPU NIC's PCI function 1, as Google's udev rule
+# bind-mounts them; here an empty directory each) and the gib types' /dev/infiniband/uverbs0..7
+# (character devices 1:3, /dev/null's numbers: opening one works and does nothing). /dev is a
+# fresh tmpfs at every container start, so configure_network makes them again each time.
+def standin_devices_script(vm: VM) -> str:
+    layout = vm.layout
+    if not layout:
+        return ""
+    if layout["profile"] == "tcpxo":
+        functions = [slot[:-1] + "1" for slot in layout["gpu_nic_slots"]]
+        return "".join(f"mkdir -p /dev/aperture_devices/{bdf}\n" for bdf in functions)
+    return "mkdir -p /dev/infiniband\n" + "".join(
+        f"[ -c /dev/infiniband/uverbs{i} ] || mknod -m 0666 /dev/infiniband/uverbs{i} c 1 3\n"
+        for i in range(len(layout["gpu_nic_names"]))
+    )
 
 
 # ---------------------------------------------------------------- up
@@ -399,6 +420,8 @@ def configure_network(spec: ClusterSpec, vm: VM, container) -> None:
     filter, the hosts file (the peers' names and the metadata server's). Run at creation and
     again after every start."""
     _exec(container, _rename_script(container, spec, vm))
+    if vm.layout:
+        _exec(container, standin_devices_script(vm))
     # Like GCP's internal DNS: every VM's name resolves to its VPC address, on every VM.
     hosts = "".join(
         f"{spec.networks['vpc'].address(peer.index)}\t{peer.name}\n" for peer in spec.vms
@@ -442,8 +465,14 @@ def _configure_vm(spec: ClusterSpec, vm: VM, container, public_key: str, probe: 
     _exec(container, USER_SCRIPT, env={"VM_USER": spec.user, "VM_KEY": public_key})
     wait_booted(vm, container)
     container.reload()
-    vpc_mac = container.attrs["NetworkSettings"]["Networks"][spec.network_name("vpc")]["MacAddress"]
-    instance_id = _start_metadata_server(spec, vm, container, vpc_mac)
+    attached = container.attrs["NetworkSettings"]["Networks"]
+    vpc_mac = attached[spec.network_name("vpc")]["MacAddress"]
+    macs_by_role = {
+        role: attached[spec.network_name(role)]["MacAddress"] for role, _ in _vm_networks(spec, vm)
+    }
+    control_nics, gpu_nics = nic_entries(spec, vm, macs_by_role)
+    macs = _macs([*control_nics, *gpu_nics])
+    instance_id = _start_metadata_server(spec, vm, container, vpc_mac, macs)
     pipe(
         ["docker", "save", probe],
         ["docker", "exec", "-i", container.name, "docker", "load", "-q"],
@@ -476,17 +505,78 @@ def _configure_vm(spec: ClusterSpec, vm: VM, container, public_key: str, probe: 
         "project": spec.project,
         "zone": spec.zone,
         "machine_type": vm.machine_type,
+        # A GPU machine type's NICs ([] otherwise), GCP's order, each {name, address, network
+        # (its role), gce_network (its GCE name), mtu, mac, pci_slot (None: GCP publishes
+        # none)}; control_nics[0] is `nic`, on the vpc network.
+        "control_nics": control_nics,
+        "gpu_nics": gpu_nics,
         "instance_id": instance_id,
         "host_key": host_key,
     }
 
 
+def nic_entries(
+    spec: ClusterSpec, vm: VM, macs: dict[str, str] | None = None
+) -> tuple[list[dict], list[dict]]:
+    """(control_nics, gpu_nics) of a VM's state node: its GPU machine type's NICs ([] for
+    another type), `macs` their MACs by network role (Docker's address-derived MAC else)."""
+    entries = {"control": [], "gpu": []}
+    for nic in machine_nics(vm):
+        address = spec.networks[nic.role].address(vm.index)
+        entries[nic.kind].append(
+            {
+                "name": nic.name,
+                "address": address,
+                "network": nic.role,
+                "gce_network": spec.gce_network(nic.role),
+                "mtu": spec.networks[nic.role].mtu,
+                "mac": (macs or {}).get(nic.role) or docker_mac(address),
+                "pci_slot": nic.pci_slot,
+            }
+        )
+    return entries["control"], entries["gpu"]
+
+
+def _macs(nics) -> dict[str, str]:
+    return {nic["name"]: nic["mac"] for nic in nics}
+
+
+def node_macs(node: dict) -> dict[str, str]:
+    """NIC name -> MAC of a state node's GPU machine-type NICs (for metadata_document)."""
+    return _macs([*node.get("control_nics", []), *node.get("gpu_nics", [])])
+
+
+def docker_mac(address: str) -> str:
+    """The MAC Docker (before 26) gives an endpoint: 02:42 and the IPv4 address's bytes."""
+    return "02:42:" + ":".join(f"{int(octet):02x}" for octet in address.split("."))
+
+
 def metadata_document(
-    spec: ClusterSpec, vm: VM, vpc_mac: str, external_ip: str | None = None
+    spec: ClusterSpec,
+    vm: VM,
+    vpc_mac: str,
+    external_ip: str | None = None,
+    macs: dict[str, str] | None = None,
 ) -> dict:
     """What the VM's metadata server answers: its name, zone, project, machine type, nic0 (the
-    VPC NIC) with the external address as its access config."""
+    VPC NIC) with the external address as its access config; for a GPU machine type its other
+    NICs after nic0 in GCP's order (the second control NIC, then the GPU NICs), `macs` giving
+    their MACs by NIC name (Docker's address-derived MAC where it does not)."""
     vpc = spec.networks["vpc"]
+    more = []
+    for nic in machine_nics(vm)[1:]:
+        network = spec.networks[nic.role]
+        address = network.address(vm.index)
+        more.append(
+            {
+                "ip": address,
+                "mac": (macs or {}).get(nic.name) or docker_mac(address),
+                "mtu": network.mtu,
+                "network": spec.gce_network(nic.role),
+                "prefix": network.subnet.prefixlen,
+                "gateway": network.gateway,
+            }
+        )
     return gce_metadata.vm_document(
         project=spec.project,
         zone=spec.zone,
@@ -499,6 +589,7 @@ def metadata_document(
         gateway=vpc.gateway,
         mtu=vpc.mtu,
         external_ip=external_ip or spec.networks["external"].address(vm.index),
+        more_nics=more or None,
     )
 
 
@@ -524,7 +615,8 @@ def renew_external_address(spec: ClusterSpec, vm: VM, container, directory: Path
     write_known_hosts(directory, state["nodes"])
     write_inventory(spec, state)
     gce_metadata.publish(
-        container.name, metadata_document(spec, vm, node["vpc_mac"], external_ip=address)
+        container.name,
+        metadata_document(spec, vm, node["vpc_mac"], external_ip=address, macs=node_macs(node)),
     )
     return address
 
@@ -546,9 +638,11 @@ def _put(container, path: str, text: str) -> None:
     )
 
 
-def _start_metadata_server(spec: ClusterSpec, vm: VM, container, vpc_mac: str) -> int:
+def _start_metadata_server(
+    spec: ClusterSpec, vm: VM, container, vpc_mac: str, macs: dict[str, str]
+) -> int:
     """Install the metadata server and its document into the VM, start it; the VM's id."""
-    document = metadata_document(spec, vm, vpc_mac)
+    document = metadata_document(spec, vm, vpc_mac, macs=macs)
     gce_metadata.publish(container.name, document)
     _put(container, METADATA_SCRIPT, Path(gce_metadata.__file__).read_text())
     _put(container, f"/etc/systemd/system/{METADATA_UNIT}", METADATA_UNIT_TEXT)
@@ -615,6 +709,7 @@ def write_inventory(spec: ClusterSpec, state: dict) -> Path:
         hosts[node["name"]] = {
             "ansible_host": node["external_address"],
             "llamafactory_node_rank": node["index"],
+            **box_host_vars(spec, node["name"]),
         }
     inventory = {
         "all": {
@@ -648,6 +743,20 @@ def write_inventory(spec: ClusterSpec, state: dict) -> Path:
     if "gce" in state:
         write_gcp_inventory(spec, state, inventory["all"]["children"]["llamafactory"]["vars"])
     return spec.inventory
+
+
+# The box's only host variable that GCP does not have: its veth NICs have no PCI device, so the
+# PCI addresses a GPU machine type's NICs have on GCP (spec.pci_slots: the control NICs' bus-0
+# slots, the tcpxo types' GPU NICs' published ones; none for the gib types' GPU NICs, which are
+# found by name or RDMA device) are handed to the discovery as this variable instead.
+PCI_SLOTS_VAR = "discover_network_pci_slots"
+
+
+def box_host_vars(spec: ClusterSpec, name: str) -> dict:
+    """The local-only host variables of a VM ({} for a VM without GPU NICs)."""
+    vm = next((v for v in spec.vms if v.name == name), None)
+    slots = pci_slots(vm) if vm else {}
+    return {PCI_SLOTS_VAR: slots} if slots else {}
 
 
 SHIPPED_GCP_INVENTORY = repo_root() / "inventories" / "gcp_compute.yml"
@@ -704,6 +813,19 @@ def write_gcp_inventory(spec: ClusterSpec, state: dict, login: dict) -> Path:
     link = folder / "group_vars"
     if not link.is_symlink():
         link.symlink_to(Path("..") / "group_vars")
+    # host_vars beside the dynamic inventory: Ansible loads host_vars/<host>.yml for the hosts
+    # of an inventory source in that folder (the gcp_compute plugin names hosts by VM name).
+    host_vars = folder / "host_vars"
+    shutil.rmtree(host_vars, ignore_errors=True)
+    for node in state["nodes"]:
+        variables = box_host_vars(spec, node["name"])
+        if variables:
+            host_vars.mkdir(exist_ok=True)
+            (host_vars / f"{node['name']}.yml").write_text(
+                f"# Written by `localcluster up`: the box's VMs have veth NICs without PCI\n"
+                f"# addresses; these are the ones {node['name']}'s NICs have on GCP.\n---\n"
+                + yaml.safe_dump(variables, sort_keys=False)
+            )
     return folder
 
 

@@ -12,7 +12,10 @@ are the cluster's VM containers, read live from Docker and STATE_DIR/state.json 
   while an operation acts on it;
 - nic0 on network "default" with networkIP = the VPC address and, while RUNNING, accessConfigs
   [{ONE_TO_ONE_NAT, "External NAT", natIP = the external address}] (a stopped VM has no natIP);
-  nic1 on network "secondary" for a VM with a second NIC.
+  nic1 on network "secondary" for a VM with a second NIC; a GPU machine type's further NICs
+  after nic0 in GCP's order (the second control NIC, then the GPU NICs), each on its network
+  (spec.ClusterSpec.gce_network: <cluster>-net-1, <cluster>-gpu0.., <cluster>-rdma-net with a
+  subnetwork <cluster>-rdma-sub-N per RDMA NIC), as in the VM's metadata.
 
 The actions (run by the fake in an operation's thread; the operation is DONE when they return):
 stop = the container stopped, its disk (volume) and container kept; start = the container started
@@ -67,6 +70,11 @@ class ClusterBackend:
         self.definition = definition
         self.project, self.zone = definition.project, definition.zone
         self.networks = [NETWORKS[role] for role in NETWORKS if role in definition.networks]
+        used = {n.role for vm in definition.vms for n in spec.machine_nics(vm)} - {"vpc"}
+        for role in definition.networks:  # a GPU machine type's VPCs (rules may name them)
+            name = definition.gce_network(role)
+            if role in used and name not in self.networks:
+                self.networks.append(name)
         # The rules in force: the project's own at boot (the API lists them), then what lands.
         self.rules: list[dict] = list(self.state().get("firewall") or [])
 
@@ -100,17 +108,26 @@ class ClusterBackend:
             container.status, "TERMINATED"
         )
         status = self.transitions.get(vm.name, status)
-        nics = [("default", node["vpc_address"])]
+        nics = [("default", "default", node["vpc_address"])]
         if node.get("second_address"):
-            nics.append(("secondary", node["second_address"]))
+            nics.append(("secondary", "secondary", node["second_address"]))
+        for nic in [*node.get("control_nics", [])[1:], *node.get("gpu_nics", [])]:
+            role = nic["network"]
+            nics.append(
+                (
+                    self.definition.gce_network(role),
+                    self.definition.gce_subnetwork(role),
+                    nic["address"],
+                )
+            )
         interfaces = []
-        for index, (network, address) in enumerate(nics):
+        for index, (network, subnetwork, address) in enumerate(nics):
             interface = {
                 "kind": "compute#networkInterface",
                 "name": f"nic{index}",
                 "network": f"{LINK}projects/{self.project}/global/networks/{network}",
                 "subnetwork": f"{LINK}projects/{self.project}/regions/{region}/subnetworks/"
-                + network,
+                + subnetwork,
                 "networkIP": address,
                 "stackType": "IPV4_ONLY",
             }

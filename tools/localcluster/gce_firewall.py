@@ -26,6 +26,12 @@ after the restore (apply()).
      "peers": {"vm1": {"address": "198.18.0.11", "tags": ["worker"]}, ...}}
 `peers` are the VMs of the network (this one may be among them): sourceTags match their VPC
 addresses, as GCE matches the primary internal IP of instances carrying the tag.
+A VM with NICs on further GCE networks (a GPU machine type's) has them under "more_networks":
+    {"gpubox-gpu0": {"nics": ["enp6s0"], "peers": {"vm1": {"address": ..., "tags": [...]}}}}
+each filtered by that network's rules in chains of its own (HLF-GCE-INGRESS-1/-EGRESS-1, ...),
+with the same implied rules: a tcpxo type's GPU VPCs and a gib type's second control VPC are
+regular VPCs, closed to ingress until a rule of theirs opens them. A gib type's RDMA NICs are
+left unfiltered: RoCE VPCs take no VPC firewall rules on GCP.
 Not modelled: service accounts, logging, IPv6 (the simulated VPC is IPv4 only).
 """
 
@@ -47,6 +53,7 @@ HOOKS = (("PREROUTING", PREROUTING_CHAIN), ("POSTROUTING", POSTROUTING_CHAIN))
 DEFAULT_PRIORITY = 1000
 IMPLIED_PRIORITY = 65535
 DEFAULT_NETWORK = "default"
+UNFILTERED_ROLE = "rdma"  # the gib types' RDMA NICs' networks (rdma0..7): RoCE, no rules
 APPLY_DEADLINE_S = 30
 
 # GCE's protocol names -> what iptables matches (-p); "all" matches every protocol.
@@ -213,28 +220,46 @@ def evaluation_order(rules: list[dict]) -> list[dict]:
     )
 
 
+def _network_views(vm: dict) -> list[tuple[dict, str, str]]:
+    """(the VM as seen on one of its networks, its ingress chain, its egress chain): the
+    VM's own network (nic0's and the external path's) first, then its more_networks."""
+    views = [(vm, INGRESS_CHAIN, EGRESS_CHAIN)]
+    for index, (network, more) in enumerate(sorted((vm.get("more_networks") or {}).items()), 1):
+        view = {**vm, "network": network, "nics": more["nics"], "peers": more.get("peers") or {}}
+        views.append((view, f"{INGRESS_CHAIN}-{index}", f"{EGRESS_CHAIN}-{index}"))
+    return views
+
+
 def render(rules: list[dict], vm: dict) -> str:
     """iptables-restore input (for --noflush) that gives `vm` GCE's filtering for `rules`."""
     for rule in rules:
         check(rule)
-    lines = ["*mangle", *(f":{chain} - [0:0]" for chain in CHAINS)]
-    for nic in vm["nics"]:
-        lines.append(f"-A {PREROUTING_CHAIN} -i {nic} -j {INGRESS_CHAIN}")
-        lines.append(f"-A {POSTROUTING_CHAIN} -o {nic} -j {EGRESS_CHAIN}")
-    for chain in (INGRESS_CHAIN, EGRESS_CHAIN):
-        lines.append(
-            f"-A {chain} -m conntrack --ctstate ESTABLISHED,RELATED "
-            f'-m comment --comment "stateful: replies" -j RETURN'
-        )
-    for rule in evaluation_order([r for r in rules if applies(r, vm)] + IMPLIED):
-        lines += _rule_lines(rule, vm)
+    views = _network_views(vm)
+    chains = [PREROUTING_CHAIN, POSTROUTING_CHAIN]
+    chains += [chain for _view, ingress, egress in views for chain in (ingress, egress)]
+    lines = ["*mangle", *(f":{chain} - [0:0]" for chain in chains)]
+    for view, ingress, egress in views:
+        for nic in view["nics"]:
+            lines.append(f"-A {PREROUTING_CHAIN} -i {nic} -j {ingress}")
+            lines.append(f"-A {POSTROUTING_CHAIN} -o {nic} -j {egress}")
+    for _view, ingress, egress in views:
+        for chain in (ingress, egress):
+            lines.append(
+                f"-A {chain} -m conntrack --ctstate ESTABLISHED,RELATED "
+                f'-m comment --comment "stateful: replies" -j RETURN'
+            )
+    for view, ingress, egress in views:
+        for rule in evaluation_order([r for r in rules if applies(r, view)] + IMPLIED):
+            lines += _rule_lines(rule, view, ingress, egress)
     lines.append("COMMIT")
     return "\n".join(lines) + "\n"
 
 
-def _rule_lines(rule: dict, vm: dict) -> list[str]:
+def _rule_lines(
+    rule: dict, vm: dict, ingress_chain: str = INGRESS_CHAIN, egress_chain: str = EGRESS_CHAIN
+) -> list[str]:
     ingress = rule.get("direction", "INGRESS") == "INGRESS"
-    chain = INGRESS_CHAIN if ingress else EGRESS_CHAIN
+    chain = ingress_chain if ingress else egress_chain
     target = "DROP" if rule.get("denied") else "RETURN"
     sources = list(rule.get("sourceRanges") or [])
     destinations = list(rule.get("destinationRanges") or [])
@@ -305,7 +330,7 @@ def vm_views(state: dict) -> dict[str, dict]:
         node["name"]: {"address": node["vpc_address"], "tags": list(node.get("tags") or [])}
         for node in state["nodes"]
     }
-    return {
+    views = {
         node["container"]: {
             "name": node["name"],
             "tags": list(node.get("tags") or []),
@@ -315,6 +340,26 @@ def vm_views(state: dict) -> dict[str, dict]:
         }
         for node in state["nodes"]
     }
+    # A GPU machine type's NICs on networks of their own (cluster.py's control_nics[1:] and
+    # gpu_nics), but for the gib types' RDMA NICs (role rdma<i>): no firewall on RoCE VPCs.
+    more = {}  # GCE network -> VM name -> its NIC there
+    for node in state["nodes"]:
+        for nic in [*node.get("control_nics", [])[1:], *node.get("gpu_nics", [])]:
+            if not nic["network"].startswith(UNFILTERED_ROLE):
+                more.setdefault(nic["gce_network"], {})[node["name"]] = nic
+    for node in state["nodes"]:
+        view = views[node["container"]]
+        for gce_network, nics in more.items():
+            if node["name"] in nics:
+                others = {
+                    name: {"address": nic["address"], "tags": peers[name]["tags"]}
+                    for name, nic in nics.items()
+                }
+                view.setdefault("more_networks", {})[gce_network] = {
+                    "nics": [nics[node["name"]]["name"]],
+                    "peers": others,
+                }
+    return views
 
 
 def enforce(state: dict, rules: list[dict], deadline_s: float = APPLY_DEADLINE_S) -> None:

@@ -324,10 +324,17 @@ def vm_document(
     external_ip: str,
     tags: list[str] | None = None,
     attributes: dict[str, str] | None = None,
+    more_nics: list[dict] | None = None,
 ) -> dict:
-    """The metadata of one VM as GCE gives it (nic0 = the VPC NIC)."""
+    """The metadata of one VM as GCE gives it (nic0 = the VPC NIC). `more_nics`: a GPU machine
+    type's NICs after nic0, in GCP's order, each {ip, mac, mtu, network (its name), prefix,
+    gateway}; as on GCE only nic0 has an access config."""
     numeric_project = numeric_id(project, digits=12)
-    mask = (0xFFFFFFFF << (32 - prefix)) & 0xFFFFFFFF
+
+    def subnetmask(prefix: int) -> str:
+        mask = (0xFFFFFFFF << (32 - prefix)) & 0xFFFFFFFF
+        return ".".join(str((mask >> s) & 255) for s in (24, 16, 8, 0))
+
     account = f"{numeric_project}-compute@developer.gserviceaccount.com"
     scopes = ["https://www.googleapis.com/auth/cloud-platform"]
     service_account = {"aliases": ["default"], "email": account, "scopes": scopes}
@@ -347,8 +354,19 @@ def vm_document(
                     "mac": mac,
                     "mtu": mtu,
                     "network": f"projects/{numeric_project}/networks/default",
-                    "subnetmask": ".".join(str((mask >> s) & 255) for s in (24, 16, 8, 0)),
-                }
+                    "subnetmask": subnetmask(prefix),
+                },
+                *(
+                    {
+                        "gateway": nic["gateway"],
+                        "ip": nic["ip"],
+                        "mac": nic["mac"],
+                        "mtu": nic["mtu"],
+                        "network": f"projects/{numeric_project}/networks/{nic['network']}",
+                        "subnetmask": subnetmask(nic["prefix"]),
+                    }
+                    for nic in more_nics or []
+                ),
             ],
             "preempted": "FALSE",
             "scheduling": {

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import copy
+import importlib.util
 import ipaddress
 import re
 from dataclasses import dataclass, replace
@@ -49,6 +50,40 @@ ZONE_RE = re.compile(r"^[a-z]+-[a-z]+[0-9]+-[a-z]$")
 MACHINE_TYPE_RE = re.compile(r"^[a-z][a-z0-9]*(-[a-z0-9]+)+$")
 
 
+def _network_profile():
+    """The collection's table of GCP's GPU machine types (plugins/module_utils, pure stdlib),
+    loaded by path: their NIC layout has that one home, the box reads it from there."""
+    path = Path(__file__).resolve().parents[2] / "plugins/module_utils/_network_profile.py"
+    loader = importlib.util.spec_from_file_location("hlf_box_network_profile", path)
+    module = importlib.util.module_from_spec(loader)
+    loader.loader.exec_module(module)
+    return module
+
+
+MACHINE_TYPES = _network_profile().MACHINE_TYPES
+# The networks of a GPU machine type's NICs beyond nic0. On GCP each of them is on a VPC (or a
+# subnet) of its own: control1 is the gib types' second gVNIC (the blueprints' net-1), gpu0..7
+# the tcpxo types' GPU VPCs (cluster-toolkit's multivpc "gpunets"), rdma0..7 the gib types'
+# RoCE subnets (gpu-rdma-vpc: one VPC, a subnet per CX-7 NIC). tcpxo and gib NICs never share a
+# network (a RoCE VPC takes MRDMA NICs only), so a cluster may mix both.
+GPU_ROLE_RE = re.compile(r"^(control[1-9]|gpu[0-9]|rdma[0-9])$")
+# Unless the definition's `networks:` names them, their subnets are derived: the /24 number
+# SLOT in the first /19 of 198.18.0.0/15 (198.18.SLOT.0/24), moved by `shift` like the others:
+# control<i> 16-i (control1: 198.18.15.0/24), gpu<i> 16+i (198.18.16-23), rdma<i> 24+i
+# (198.18.24-31). The default definition's own networks sit at 198.18.0-2 and 198.19.0.
+DERIVED_BASE = ipaddress.ip_network("198.18.0.0/24")
+# MTUs: the gib types' control and RDMA networks 8896 (gpu_nic_mtu; cluster-toolkit's
+# a3ultra/a4 blueprints set net-0/net-1 to 8896 too). The tcpxo types' recipe sets no GPU VPC
+# MTU (gpu_nic_mtu None): 8244, the value dstack's documented GCP recipe creates them with
+# (dstackai/dstack examples/clusters/gcp/README.md, `--mtu=8244`), which is also the a3-high and
+# a3-mega blueprints' system VPC MTU. nic0's network is the shared "vpc" network, one Docker
+# network for every VM of the cluster: its MTU stays the definition's (GCP's would be 8244 for
+# A3, 8896 for A3 Ultra/A4 per those blueprints; a definition may set it).
+TCPXO_GPU_MTU = 8244
+CONTROL_MTU = {"tcpxo": 8244, "gib": 8896}
+_PCI_NAME_RE = re.compile(r"^enp(\d+)s(\d+)(?:f(\d+))?$")
+
+
 @dataclass(frozen=True)
 class Network:
     """One simulated network: the VPC, the external path, a second NIC's or the decoy's."""
@@ -76,6 +111,11 @@ class VM:
     tags: tuple[str, ...] = ()  # network tags, as on a GCE instance
     machine_type: str = "n2-standard-4"  # what the fake Compute Engine API reports
     labels: dict[str, str] | None = None  # its labels; None: the training label and rank
+
+    @property
+    def layout(self) -> dict | None:
+        """Its machine type's entry of MACHINE_TYPES (a GPU type's NIC layout), or None."""
+        return MACHINE_TYPES.get(self.machine_type)
 
     def initial_labels(self) -> dict[str, str]:
         if self.labels is not None:
@@ -105,6 +145,23 @@ class ClusterSpec:
     def network_name(self, role: str) -> str:
         return f"{self.prefix()}-{role}"
 
+    def gce_network(self, role: str) -> str:
+        """The GCE network a NIC on this network role is in, as metadata and the API name it:
+        nic0's "default"; the GPU types' VPCs named after the cluster, as a blueprint names them
+        after its deployment (the gib types' RDMA NICs share one VPC, a subnet each)."""
+        if role == "vpc":
+            return "default"
+        if role.startswith("control"):
+            return f"{self.name}-net-{role[len('control') :]}"
+        if role.startswith("rdma"):
+            return f"{self.name}-rdma-net"
+        return role if role == "secondary" else f"{self.name}-{role}"
+
+    def gce_subnetwork(self, role: str) -> str:
+        if role.startswith("rdma"):
+            return f"{self.name}-rdma-sub-{role[len('rdma') :]}"
+        return self.gce_network(role)
+
     def volume(self, vm: VM) -> str:
         return f"{self.prefix()}-{vm.name}-docker"
 
@@ -115,11 +172,71 @@ class ClusterSpec:
         return self.inventory.with_name(f"{self.inventory.stem}.gcp")
 
 
+@dataclass(frozen=True)
+class MachineNic:
+    """One NIC of a GPU machine type: its network role, name in the VM, kind (control or gpu)
+    and PCI address as GCP gives it (None where none is published)."""
+
+    role: str
+    name: str
+    kind: str
+    pci_slot: str | None
+
+
+def pci_slot_of_name(name: str) -> str | None:
+    """A predictable PCI name's address: enp0s12 -> 0000:00:0c.0, enp192s20 -> 0000:c0:14.0."""
+    found = _PCI_NAME_RE.match(name)
+    if not found:
+        return None
+    bus, slot, function = (int(found[i] or 0) for i in (1, 2, 3))
+    return f"0000:{bus:02x}:{slot:02x}.{function}"
+
+
+def machine_nics(vm: VM) -> list[MachineNic]:
+    """The NICs of the VM's machine type in GCP's order (nic0 = the first control NIC, on the
+    "vpc" network; the other control NICs; the GPU NICs); [] for a type without GPU NICs."""
+    layout = vm.layout
+    if not layout:
+        return []
+    nics = [
+        MachineNic("vpc" if i == 0 else f"control{i}", name, "control", pci_slot_of_name(name))
+        for i, name in enumerate(layout["control_nics"])
+    ]
+    prefix = "gpu" if layout["profile"] == "tcpxo" else "rdma"
+    slots = layout["gpu_nic_slots"]
+    for i, names in enumerate(layout["gpu_nic_names"]):
+        slot = slots[i] if i < len(slots) else None  # gib: none published, none invented
+        nics.append(MachineNic(f"{prefix}{i}", names[0], "gpu", slot))
+    return nics
+
+
+def pci_slots(vm: VM) -> dict[str, str]:
+    """NIC name -> PCI address for the VM's NICs that have one on GCP (the control NICs, the
+    tcpxo types' GPU NICs): what the box hands Ansible as discover_network_pci_slots, since its
+    veth NICs have no PCI device (the box's one difference from GCP)."""
+    return {nic.name: nic.pci_slot for nic in machine_nics(vm) if nic.pci_slot}
+
+
+def gpu_network_mtu(layout: dict, role: str) -> int:
+    if role.startswith("control"):
+        return CONTROL_MTU[layout["profile"]]
+    return layout["gpu_nic_mtu"] or TCPXO_GPU_MTU
+
+
+def derived_subnet(role: str, shift: int) -> ipaddress.IPv4Network:
+    """The subnet of a GPU machine type's network the definition does not name."""
+    kind, number = re.match(r"^([a-z]+)(\d+)$", role).groups()
+    slot = {"control": 16 - int(number), "gpu": 16 + int(number), "rdma": 24 + int(number)}[kind]
+    return ipaddress.ip_network(
+        (int(DERIVED_BASE.network_address) + slot * 256 + shift * SHIFT_BLOCK, 24)
+    )
+
+
 def _fail(message: str) -> None:
     raise ClusterError(f"cluster definition: {message}")
 
 
-def _network(role: str, raw: dict) -> Network:
+def _network(role: str, raw: dict, default_mtu: int = 1500) -> Network:
     try:
         subnet = ipaddress.ip_network(raw["subnet"])
     except (KeyError, ValueError) as exc:
@@ -131,7 +248,7 @@ def _network(role: str, raw: dict) -> Network:
         )
     if subnet.num_addresses < 64:
         _fail(f"networks.{role}.subnet {subnet} is too small: use a /26 or larger")
-    mtu = int(raw.get("mtu", 1500))
+    mtu = int(raw.get("mtu", default_mtu))
     if not 1280 <= mtu <= 9000:
         _fail(f"networks.{role}.mtu {mtu} must be within 1280..9000")
     return Network(role, subnet, mtu)
@@ -139,14 +256,17 @@ def _network(role: str, raw: dict) -> Network:
 
 def _vm(index: int, raw: dict | str, networks: dict[str, Network]) -> VM:
     raw = {"name": raw} if isinstance(raw, str) else dict(raw)
+    machine_type = str(raw.pop("machine_type", "n2-standard-4"))
+    layout = MACHINE_TYPES.get(machine_type)
+    nic = raw.pop("nic", None)
     vm = VM(
         name=str(raw.pop("name", f"vm{index}")),
         index=index,
-        nic=raw.pop("nic", "ens4"),
+        nic=nic or (layout["control_nics"][0] if layout else "ens4"),
         platform=raw.pop("platform", "debian12"),
         second_nic=raw.pop("second_nic", None),
         decoy=raw.pop("decoy", None),
-        machine_type=str(raw.pop("machine_type", "n2-standard-4")),
+        machine_type=machine_type,
         labels=_labels(index, raw.pop("labels", None)),
     )
     where = f"vms[{index}] ({vm.name})"
@@ -172,7 +292,14 @@ def _vm(index: int, raw: dict | str, networks: dict[str, Network]) -> VM:
         _fail(f"{where}: name must match {NAME_RE.pattern}")
     if vm.platform not in PLATFORMS:
         _fail(f"{where}: platform {vm.platform!r} is not one of {sorted(PLATFORMS)}")
+    if layout and nic and nic != layout["control_nics"][0]:
+        _fail(
+            f"{where}: nic {nic!r} is not {machine_type}'s primary NIC "
+            f"{layout['control_nics'][0]!r} (its control NIC, as GCP names it): leave nic out "
+            f"or set it to {layout['control_nics'][0]}"
+        )
     nics = [n for n in (vm.nic, vm.second_nic, vm.decoy) if n]
+    nics += [n.name for n in machine_nics(vm) if n.role != "vpc"]
     for nic in nics:
         if not NIC_RE.match(nic) or nic.startswith("hlftmp"):
             _fail(f"{where}: NIC name {nic!r} must match {NIC_RE.pattern} (and not start hlftmp)")
@@ -181,6 +308,9 @@ def _vm(index: int, raw: dict | str, networks: dict[str, Network]) -> VM:
     for key, role in (("second_nic", "secondary"), ("decoy", "decoy")):
         if getattr(vm, key) and role not in networks:
             _fail(f"{where}: {key} needs networks.{role} to be defined")
+    for machine_nic in machine_nics(vm):
+        if machine_nic.role not in networks:  # parse() derives them: never met from a file
+            _fail(f"{where}: {machine_type}'s {machine_nic.name} needs networks.{machine_nic.role}")
     return vm
 
 
@@ -264,21 +394,6 @@ def parse(raw: dict) -> ClusterSpec:
     name = str(raw.get("name", "demo"))
     if not NAME_RE.match(name):
         _fail(f"name {name!r} must match {NAME_RE.pattern}")
-    networks = {
-        role: _network(role, _shifted(value, int(raw.get("shift") or 0)))
-        for role, value in (raw.get("networks") or {}).items()
-    }
-    for role in ("vpc", "external"):
-        if role not in networks:
-            _fail(f"networks.{role} is required")
-    unknown = set(networks) - {"vpc", "external", "secondary", "decoy"}
-    if unknown:
-        _fail(f"unknown networks {sorted(unknown)}; known: vpc, external, secondary, decoy")
-    subnets = [n.subnet for n in networks.values()]
-    for i, a in enumerate(subnets):
-        for b in subnets[i + 1 :]:
-            if a.overlaps(b):
-                _fail(f"subnets {a} and {b} overlap")
     vms_raw = raw.get("vms")
     nodes = raw.get("nodes")
     if nodes is not None:
@@ -287,6 +402,44 @@ def parse(raw: dict) -> ClusterSpec:
         vms_raw = [dict(template, name=f"vm{i}") for i in range(int(nodes))]
     if not vms_raw:
         _fail("vms: define at least one VM (or nodes: N)")
+    shift = int(raw.get("shift") or 0)
+    gpu_mtus = _gpu_network_mtus(vms_raw)
+    networks = {
+        role: _network(role, _shifted(value, shift), gpu_mtus.get(role, 1500))
+        for role, value in (raw.get("networks") or {}).items()
+    }
+    for role in ("vpc", "external"):
+        if role not in networks:
+            _fail(f"networks.{role} is required")
+    unknown = {
+        r
+        for r in set(networks) - {"vpc", "external", "secondary", "decoy"}
+        if not GPU_ROLE_RE.match(r)
+    }
+    if unknown:
+        _fail(
+            f"unknown networks {sorted(unknown)}; known: vpc, external, secondary, decoy, and "
+            "a GPU machine type's control1, gpu0..gpu9, rdma0..rdma9"
+        )
+    derived = set()
+    for role, mtu in gpu_mtus.items():
+        if role not in networks:  # the definition does not name it: derived (see DERIVED_BASE)
+            subnet = derived_subnet(role, shift)
+            if not subnet.subnet_of(ALLOWED_RANGE):
+                _fail(f"networks.{role}: its derived subnet {subnet} leaves {ALLOWED_RANGE}")
+            networks[role] = Network(role, subnet, mtu)
+            derived.add(role)
+    roles = list(networks)
+    for i, a in enumerate(roles):
+        for b in roles[i + 1 :]:
+            if networks[a].subnet.overlaps(networks[b].subnet):
+                hint = "".join(
+                    f"; networks.{r}'s subnet is derived (198.18.0.0/24 + its slot, moved by "
+                    f"shift): name it under networks: to move it"
+                    for r in (a, b)
+                    if r in derived
+                )
+                _fail(f"subnets {networks[a].subnet} and {networks[b].subnet} overlap{hint}")
     vms = tuple(_vm(i, item, networks) for i, item in enumerate(vms_raw))
     if len({vm.name for vm in vms}) != len(vms):
         _fail("vms: names must be unique")
@@ -321,6 +474,21 @@ def parse(raw: dict) -> ClusterSpec:
         zone=zone,
         placement_policy=placement,
     )
+
+
+def _gpu_network_mtus(vms_raw) -> dict[str, int]:
+    """The networks the definition's GPU machine types need beyond vpc, with their MTUs."""
+    mtus = {}
+    for item in vms_raw:
+        machine_type = item.get("machine_type") if isinstance(item, dict) else None
+        layout = MACHINE_TYPES.get(str(machine_type))
+        if not layout:
+            continue
+        probe = VM(name="probe", index=0, machine_type=str(machine_type))
+        for nic in machine_nics(probe):
+            if nic.role != "vpc":
+                mtus[nic.role] = gpu_network_mtu(layout, nic.role)
+    return mtus
 
 
 COLLOCATIONS = ("COLLOCATED", "UNSPECIFIED_COLLOCATION")

@@ -159,3 +159,47 @@ def test_the_fake_runs_as_the_clusters_service(state_dir):
     assert not gce_control._is_running(gce["pid"])
     assert not (state_dir / "gce" / "client.json").exists()
     gce_control.stop(state_dir)  # nothing to stop: no error
+
+
+def test_a_gpu_vm_lists_its_machine_types_nics(tmp_path, docker_with):
+    from localcluster import cluster
+
+    definition = spec.load(
+        name="gpubox",
+        shift=6,
+        vms=[
+            {"name": "vm0", "machine_type": "a3-megagpu-8g"},
+            {"name": "vm1", "machine_type": "a3-ultragpu-8g"},
+        ],
+    )
+    nodes = []
+    for vm in definition.vms:
+        control, gpus = cluster.nic_entries(definition, vm)
+        nodes.append(
+            {
+                "name": vm.name,
+                "container": definition.container(vm),
+                "index": vm.index,
+                "vpc_address": definition.networks["vpc"].address(vm.index),
+                "external_address": definition.networks["external"].address(vm.index),
+                "control_nics": control,
+                "gpu_nics": gpus,
+            }
+        )
+    state = {"name": "gpubox", "definition": spec.to_raw(definition), "nodes": nodes}
+    (tmp_path / "state.json").write_text(json.dumps(state))
+    docker_with(container("hlf-gpubox-vm0"), container("hlf-gpubox-vm1"))
+    backend = gce_control.ClusterBackend(tmp_path)
+    assert {"default", "gpubox-gpu0", "gpubox-net-1", "gpubox-rdma-net"} <= set(backend.networks)
+    mega, ultra = backend.instances()
+    nics = mega["networkInterfaces"]
+    assert [n["name"] for n in nics] == [f"nic{i}" for i in range(9)]
+    assert nics[1]["networkIP"] == "198.18.208.10"
+    assert nics[1]["network"] == f"{LINK}/global/networks/gpubox-gpu0"
+    assert ["accessConfigs" in n for n in nics] == [True] + [False] * 8
+    nics = ultra["networkInterfaces"]
+    assert [(n["networkIP"], n["subnetwork"].rsplit("/", 1)[1]) for n in nics[1:3]] == [
+        ("198.18.207.11", "gpubox-net-1"),
+        ("198.18.216.11", "gpubox-rdma-sub-0"),
+    ]
+    assert nics[2]["network"] == f"{LINK}/global/networks/gpubox-rdma-net"

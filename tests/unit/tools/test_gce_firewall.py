@@ -419,3 +419,71 @@ def test_enforce_names_every_vm_that_failed(monkeypatch):
     monkeypatch.setattr(gce_firewall, "is_running", lambda _name: True)
     with pytest.raises(gce_firewall.ClusterError, match=r"on vm1 \(hlf-t-vm1\): docker exec"):
         gce_firewall.enforce(state, [])
+
+
+# ------------------------------------------------------------------ GPU machine types' networks
+
+
+def gpu_state():
+    from localcluster import cluster
+
+    definition = spec.load(
+        name="gpubox",
+        vms=[
+            {"name": "vm0", "machine_type": "a3-megagpu-8g"},
+            {"name": "vm1", "machine_type": "a3-megagpu-8g", "tags": ["worker"]},
+            {"name": "vm2", "machine_type": "a3-ultragpu-8g"},
+        ],
+    )
+    nodes = []
+    for vm in definition.vms:
+        control, gpus = cluster.nic_entries(definition, vm)
+        nodes.append(
+            {
+                "name": vm.name,
+                "container": definition.container(vm),
+                "nic": vm.nic,
+                "tags": list(vm.tags),
+                "vpc_address": definition.networks["vpc"].address(vm.index),
+                "control_nics": control,
+                "gpu_nics": gpus,
+            }
+        )
+    return {"nodes": nodes}
+
+
+def test_tcpxo_gpu_vpcs_are_filtered_by_their_own_rules_rdma_ones_not_at_all():
+    views = gce_firewall.vm_views(gpu_state())
+    mega, ultra = views["hlf-gpubox-vm0"], views["hlf-gpubox-vm2"]
+    assert sorted(mega["more_networks"]) == [f"gpubox-gpu{i}" for i in range(8)]
+    gpu0 = mega["more_networks"]["gpubox-gpu0"]
+    assert gpu0["nics"] == ["enp6s0"]
+    assert gpu0["peers"]["vm1"] == {"address": "198.18.16.11", "tags": ["worker"]}
+    # gib: the second control NIC's VPC is filtered, the RDMA NICs' are not.
+    assert list(ultra["more_networks"]) == ["gpubox-net-1"]
+    assert "gpu0rdma0" not in render([], ultra)
+
+    peer = {"src": "198.18.16.11", "dst": "198.18.16.10", "proto": "tcp", "dport": 5000}
+    on_gpu0 = {**peer, "nic": "enp6s0"}
+    # The project's default-network rules do not open a GPU VPC: its implied deny-ingress does.
+    everything = rule("allow-all-default", [{"IPProtocol": "all"}])
+    assert Chains(render([everything], mega)).verdict(on_gpu0) == "drop"
+    assert Chains(render([everything], mega)).verdict({**peer, "nic": "ens4"}) == "pass"
+    # A rule of that GPU VPC opens it (sourceTags match the peers' addresses there).
+    link = "https://www.googleapis.com/compute/v1/projects/hostnet-box/global/networks/"
+    opened = rule("gpu0-workers", tcp("5000"), network=link + "gpubox-gpu0", sourceTags=["worker"])
+    assert Chains(render([opened], mega)).verdict(on_gpu0) == "pass"
+    assert Chains(render([opened], mega)).verdict({**on_gpu0, "nic": "enp7s0"}) == "drop"
+    assert Chains(render([opened], mega)).verdict({**on_gpu0, "direction": "out"}) == "pass"
+    # A plain VM's chains are the four of before.
+    declared = [line for line in render([], vm()).splitlines() if line.startswith(":")]
+    assert declared == [f":{chain} - [0:0]" for chain in gce_firewall.CHAINS]
+
+
+@pytest.mark.parametrize("binary", ["iptables-restore", "iptables-legacy-restore"])
+def test_gpu_network_chains_load(binary):
+    if not shutil.which(binary):
+        pytest.skip(f"{binary} is not installed here")
+    views = gce_firewall.vm_views(gpu_state())
+    result = _restore_test(binary, render([rule("ssh", tcp("22"))], views["hlf-gpubox-vm0"]))
+    assert result.returncode == 0, result.stderr

@@ -1,6 +1,7 @@
 """The local cluster's GCE metadata server, in-process on a loopback port: the real server's
 contract (headers, 403/404/405, listings, recursive JSON, alt, ETags, wait_for_change)."""
 
+import hashlib
 import http.client
 import json
 import os
@@ -303,3 +304,80 @@ def test_the_document_the_cluster_publishes_for_a_vm(tmp_path):
         )
         == 3
     )
+
+
+def test_a_plain_vms_document_is_unchanged_byte_for_byte():
+    """What publish() writes for a VM without GPU NICs, as before GPU layouts existed (the
+    sha256 of the document of test_the_document's arguments, taken from the earlier code)."""
+    doc = gce_metadata.vm_document(
+        project="hostnet-box",
+        zone="us-central1-a",
+        name="vm0",
+        instance_id=gce_metadata.numeric_id("demo/vm0", digits=19),
+        machine_type="n2-standard-4",
+        ip="198.18.0.10",
+        mac="02:42:c6:12:00:0a",
+        prefix=24,
+        gateway="198.18.0.1",
+        mtu=1460,
+        external_ip="198.19.0.10",
+        tags=["llamafactory", "ssh"],
+        attributes={"startup-script": "echo hi"},
+    )
+    text = json.dumps(doc, indent=2, sort_keys=True)
+    assert hashlib.sha256(text.encode()).hexdigest() == (
+        "20b2bebcb335db120748a83bbd708baf7d1a33972c780344b92cc65b855c59e9"
+    )
+    definition = spec.load(name="md", shift=7)
+    assert (
+        len(
+            cluster.metadata_document(definition, definition.vms[0], "x")["instance"][
+                "networkInterfaces"
+            ]
+        )
+        == 1
+    )
+
+
+def test_a_gpu_vm_lists_every_nic_in_gcps_order(tmp_path):
+    definition = spec.load(
+        name="gpubox",
+        shift=6,
+        vms=[
+            {"name": "vm0", "machine_type": "a3-megagpu-8g"},
+            {"name": "vm1", "machine_type": "a3-ultragpu-8g"},
+        ],
+    )
+    mega, ultra = definition.vms
+    doc = cluster.metadata_document(definition, mega, "02:42:c6:12:c0:0a", macs={"enp6s0": "m6"})
+    path = tmp_path / "instance.json"
+    write(path, doc)
+    running = gce_metadata.serve(str(path), "127.0.0.1", 0)
+    try:
+        nics = json.loads(get((running,), V1 + "instance/network-interfaces/?recursive=true")[1])
+        listed = get((running,), V1 + "instance/network-interfaces/")[1]
+    finally:
+        running.shutdown()
+    numeric = doc["project"]["numericProjectId"]
+    assert len(nics) == 9 and listed.splitlines() == [f"{i}/" for i in range(9)]
+    assert (nics[0]["ip"], nics[0]["mtu"]) == ("198.18.192.10", 1460)
+    assert nics[0]["network"] == f"projects/{numeric}/networks/default"
+    assert nics[1] == {
+        "gateway": "198.18.208.1",
+        "ip": "198.18.208.10",
+        "mac": "m6",
+        "mtu": 8244,
+        "network": f"projects/{numeric}/networks/gpubox-gpu0",
+        "subnetmask": "255.255.255.0",
+    }
+    assert nics[2]["mac"] == "02:42:c6:12:d1:0a"  # not given: Docker's, from the address
+    assert [n["ip"] for n in nics[1:]] == [f"198.18.{208 + i}.10" for i in range(8)]
+    assert ["accessConfigs" in n for n in nics] == [True] + [False] * 8
+
+    nics = cluster.metadata_document(definition, ultra, "x")["instance"]["networkInterfaces"]
+    assert [(n["ip"], n["mtu"], n["network"].rsplit("/", 1)[1]) for n in nics[:3]] == [
+        ("198.18.192.11", 1460, "default"),
+        ("198.18.207.11", 8896, "gpubox-net-1"),  # the second control NIC (net-1)
+        ("198.18.216.11", 8896, "gpubox-rdma-net"),
+    ]
+    assert len(nics) == 10

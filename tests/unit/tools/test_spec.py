@@ -307,3 +307,214 @@ def test_a_placement_policy_is_checked_and_kept():
         parse(placement_policy={"name": "Compact"})
     with pytest.raises(ClusterError, match=r"placement_policy\.collocation 'SPREAD'"):
         parse(placement_policy={"name": "compact", "collocation": "SPREAD"})
+
+
+# ------------------------------------------------------------------ GPU machine types' NICs
+
+MEGA = [f"enp{n}s0" for n in (6, 7, 13, 14, 134, 135, 141, 142)]
+
+
+def gpu_definition(**changes):
+    vms = [
+        {"name": "vm0", "machine_type": "a3-megagpu-8g"},
+        {"name": "vm1", "machine_type": "a3-ultragpu-8g"},
+        {"name": "vm2"},
+    ]
+    return parse(**{"name": "gpubox", "shift": 6, "vms": vms, **changes})
+
+
+def test_the_layout_table_has_one_home():
+    from localcluster import spec as box_spec
+
+    source = (spec.repo_root() / "plugins/module_utils/_network_profile.py").read_text()
+    assert "a3-megagpu-8g" in source
+    assert set(box_spec.MACHINE_TYPES) >= {"a3-highgpu-8g", "a3-megagpu-8g", "a3-ultragpu-8g"}
+    assert "0000:06:00.0" not in (spec.repo_root() / "tools/localcluster/spec.py").read_text()
+
+
+def test_a_gpu_machine_type_gets_its_nics_networks_and_pci_slots():
+    definition = gpu_definition()
+    mega, ultra, plain = definition.vms
+    assert (mega.nic, ultra.nic, plain.nic) == ("enp0s12", "enp0s19", "ens4")
+    assert [(n.role, n.name, n.kind) for n in spec.machine_nics(mega)] == [
+        ("vpc", "enp0s12", "control"),
+        *[(f"gpu{i}", name, "gpu") for i, name in enumerate(MEGA)],
+    ]
+    assert [(n.role, n.name) for n in spec.machine_nics(ultra)] == [
+        ("vpc", "enp0s19"),
+        ("control1", "enp192s20"),
+        *[(f"rdma{i}", f"gpu{i}rdma0") for i in range(8)],
+    ]
+    assert spec.machine_nics(plain) == []
+    assert spec.pci_slots(mega) == {
+        "enp0s12": "0000:00:0c.0",
+        "enp6s0": "0000:06:00.0",
+        "enp7s0": "0000:07:00.0",
+        "enp13s0": "0000:0d:00.0",
+        "enp14s0": "0000:0e:00.0",
+        "enp134s0": "0000:86:00.0",
+        "enp135s0": "0000:87:00.0",
+        "enp141s0": "0000:8d:00.0",
+        "enp142s0": "0000:8e:00.0",
+    }
+    # gib: the control NICs' bus slots only; the RDMA NICs' are not published, none invented.
+    assert spec.pci_slots(ultra) == {"enp0s19": "0000:00:13.0", "enp192s20": "0000:c0:14.0"}
+    assert spec.pci_slots(plain) == {}
+    for nic in spec.machine_nics(mega) + spec.machine_nics(ultra):
+        assert spec.NIC_RE.match(nic.name), nic.name
+
+
+def test_gpu_networks_are_derived_moved_by_shift_with_the_types_mtu():
+    networks = gpu_definition().networks
+    # shift 6: +6 x 32 /24s; vpc at 198.18.192.0/24, the derived ones at 198.18.(192+slot).
+    assert str(networks["vpc"].subnet) == "198.18.192.0/24"
+    assert (str(networks["control1"].subnet), networks["control1"].mtu) == ("198.18.207.0/24", 8896)
+    for i in range(8):
+        assert (str(networks[f"gpu{i}"].subnet), networks[f"gpu{i}"].mtu) == (
+            f"198.18.{208 + i}.0/24",
+            8244,  # tcpxo: the recipe sets none; dstack's value
+        )
+        assert (str(networks[f"rdma{i}"].subnet), networks[f"rdma{i}"].mtu) == (
+            f"198.18.{216 + i}.0/24",
+            8896,
+        )
+    assert networks["vpc"].mtu == 1460  # the shared VPC keeps the definition's MTU
+    unshifted = gpu_definition(shift=0).networks
+    assert str(unshifted["gpu0"].subnet) == "198.18.16.0/24"
+    assert str(unshifted["control1"].subnet) == "198.18.15.0/24"
+    # Only what the VMs' types need; none for plain VMs.
+    assert set(parse().networks) == {"vpc", "external", "secondary", "decoy"}
+    high = parse(vms=[{"name": "a", "machine_type": "a3-highgpu-8g"}]).networks
+    assert set(high) - set(BASE["networks"]) == {"gpu0", "gpu1", "gpu2", "gpu3"}
+
+
+def test_gpu_networks_the_definition_names_are_taken_as_given():
+    networks = dict(BASE["networks"], gpu0={"subnet": "198.18.100.0/24"})
+    definition = gpu_definition(networks=networks, shift=1)
+    assert str(definition.networks["gpu0"].subnet) == "198.18.132.0/24"  # moved by shift too
+    assert definition.networks["gpu0"].mtu == 8244  # no mtu given: the type's
+    networks["gpu0"] = {"subnet": "198.18.100.0/24", "mtu": 1500}
+    assert gpu_definition(networks=networks).networks["gpu0"].mtu == 1500
+
+
+def test_gpu_definitions_are_refused_with_the_fix():
+    with pytest.raises(ClusterError, match=r"nic 'ens4' is not a3-megagpu-8g's primary NIC"):
+        parse(vms=[{"name": "a", "machine_type": "a3-megagpu-8g", "nic": "ens4"}])
+    assert parse(vms=[{"name": "a", "machine_type": "a3-megagpu-8g", "nic": "enp0s12"}])
+    with pytest.raises(ClusterError, match=r"NIC names must differ"):
+        parse(vms=[{"name": "a", "machine_type": "a3-megagpu-8g", "second_nic": "enp6s0"}])
+    # A named network over a derived one: the message says how to move it.
+    networks = dict(BASE["networks"], secondary={"subnet": "198.18.16.0/24"})
+    with pytest.raises(ClusterError, match=r"overlap; networks\.gpu0's subnet is derived"):
+        parse(networks=networks, vms=[{"name": "a", "machine_type": "a3-megagpu-8g"}])
+    with pytest.raises(ClusterError, match=r"unknown networks \['gpux'\]"):
+        parse(networks=dict(BASE["networks"], gpux={"subnet": "198.18.40.0/24"}))
+    named = parse(networks=dict(BASE["networks"], gpu3={"subnet": "198.18.40.0/24"}))
+    assert "gpu3" in named.networks  # a GPU role no VM uses: kept (and not created)
+
+
+def test_to_raw_round_trips_a_gpu_definition():
+    definition = gpu_definition()
+    assert spec.parse(spec.to_raw(definition)) == definition
+    assert json.loads(json.dumps(spec.to_raw(definition))) == spec.to_raw(definition)
+
+
+def test_gce_network_names():
+    definition = gpu_definition()
+    assert [definition.gce_network(r) for r in ("vpc", "control1", "gpu3", "rdma3")] == [
+        "default",
+        "gpubox-net-1",
+        "gpubox-gpu3",
+        "gpubox-rdma-net",  # one RoCE VPC, a subnet per NIC
+    ]
+    assert definition.gce_subnetwork("rdma3") == "gpubox-rdma-sub-3"
+
+
+def test_a_gpu_vm_attaches_every_nic_of_its_type():
+    definition = gpu_definition()
+    mega, ultra, plain = definition.vms
+    assert cluster._vm_networks(definition, mega) == [
+        ("vpc", "enp0s12"),
+        ("external", "ext0"),
+        *[(f"gpu{i}", name) for i, name in enumerate(MEGA)],
+    ]
+    assert cluster._vm_networks(definition, ultra)[2] == ("control1", "enp192s20")
+    assert cluster._vm_networks(definition, plain) == [("vpc", "ens4"), ("external", "ext0")]
+    control, gpus = cluster.nic_entries(definition, mega, {"gpu0": "02:42:00:00:00:01"})
+    assert control == [
+        {
+            "name": "enp0s12",
+            "address": "198.18.192.10",
+            "network": "vpc",
+            "gce_network": "default",
+            "mtu": 1460,
+            "mac": "02:42:c6:12:c0:0a",
+            "pci_slot": "0000:00:0c.0",
+        }
+    ]
+    assert gpus[0] == {
+        "name": "enp6s0",
+        "address": "198.18.208.10",
+        "network": "gpu0",
+        "gce_network": "gpubox-gpu0",
+        "mtu": 8244,
+        "mac": "02:42:00:00:00:01",
+        "pci_slot": "0000:06:00.0",
+    }
+    assert [n["pci_slot"] for n in cluster.nic_entries(definition, ultra)[1]] == [None] * 8
+
+
+def test_stand_in_devices_of_gpu_types():
+    mega, ultra, plain = gpu_definition().vms
+    script = cluster.standin_devices_script(mega)
+    assert "mkdir -p /dev/aperture_devices/0000:06:00.1\n" in script
+    assert script.count("/dev/aperture_devices/") == 8
+    script = cluster.standin_devices_script(ultra)
+    assert "mknod -m 0666 /dev/infiniband/uverbs7 c 1 3" in script
+    assert cluster.standin_devices_script(plain) == ""
+
+
+def _nodes(definition):
+    return [
+        {
+            "name": vm.name,
+            "index": vm.index,
+            "nic": vm.nic,
+            "vpc_address": definition.networks["vpc"].address(vm.index),
+            "vpc_prefix": 24,
+            "external_address": definition.networks["external"].address(vm.index),
+        }
+        for vm in definition.vms
+    ]
+
+
+def test_a_gpu_vms_host_vars_differ_from_a_plain_vms_only_by_the_pci_slots(tmp_path):
+    definition = gpu_definition(inventory=str(tmp_path / "inv.yml"))
+    state = {
+        "user": "gce",
+        "ssh_key": "/k/id",
+        "known_hosts": "/k/known_hosts",
+        "nodes": _nodes(definition),
+    }
+    path = cluster.write_inventory(definition, state)
+    hosts = yaml.safe_load(path.read_text())["all"]["children"]["llamafactory"]["hosts"]
+    per_host = {"ansible_host", "llamafactory_node_rank"}
+    plain = {k: v for k, v in hosts["vm2"].items() if k not in per_host}
+    for name, vm in (("vm0", definition.vms[0]), ("vm1", definition.vms[1])):
+        gpu = {k: v for k, v in hosts[name].items() if k not in per_host}
+        assert gpu == {**plain, "discover_network_pci_slots": spec.pci_slots(vm)}
+    assert hosts["vm0"]["discover_network_pci_slots"]["enp6s0"] == "0000:06:00.0"
+
+    # The GCP path: the same variable in host_vars/<vm>.yml beside the dynamic inventory.
+    gce = {
+        "project": "hostnet-box",
+        "zone": "us-central1-a",
+        "service_account_file": "/s/sa.json",
+        "env": {},
+    }
+    cluster.write_inventory(definition, {**state, "gce": gce})
+    host_vars = definition.gcp_inventory / "host_vars"
+    assert sorted(p.name for p in host_vars.iterdir()) == ["vm0.yml", "vm1.yml"]
+    assert yaml.safe_load((host_vars / "vm1.yml").read_text()) == {
+        "discover_network_pci_slots": {"enp0s19": "0000:00:13.0", "enp192s20": "0000:c0:14.0"}
+    }
