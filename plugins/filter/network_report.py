@@ -70,8 +70,10 @@ def node_lines(nic, rank, reached_at, master_addr, platform):
         (c for c in candidates if not SKIPPED_NICS.match(c.get("name", ""))),
         key=lambda c: c.get("name", ""),
     )
-    nccl_ifname = (nic.get("nccl_env") or {}).get("NCCL_SOCKET_IFNAME", "")
-    return [
+    profile = nic.get("network_profile") or {}
+    env = (profile.get("setup") or {}).get("env") or nic.get("nccl_env") or {}
+    nccl_ifname = env.get("NCCL_SOCKET_IFNAME", "")
+    lines = [
         "reached at %s, platform %s" % (reached_at, platform),
         "rank %s: trains on %s %s/%s mtu %s (found by %s), MASTER_ADDR %s, NCCL_SOCKET_IFNAME=%s"
         % (
@@ -91,6 +93,19 @@ def node_lines(nic, rank, reached_at, master_addr, platform):
             "%s %s" % (c.get("name"), " ".join(c.get("ipv4") or []) or "no IPv4") for c in shown
         ),
     ]
+    if profile.get("profile") and profile["profile"] != "socket":
+        lines.append(
+            "network profile %s (%s): control %s, GPU NICs %s"
+            % (
+                profile["profile"],
+                profile.get("why"),
+                ",".join(profile.get("control") or []),
+                ",".join(profile.get("gpu") or []) or "none",
+            )
+        )
+    elif profile.get("profile"):
+        lines.append("network profile socket (%s)" % profile.get("why"))
+    return lines
 
 
 def network_report(nics, *, ranks, reached_at, master_addrs, platform):

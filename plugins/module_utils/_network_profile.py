@@ -327,21 +327,27 @@ def _listing(nics):
     )
 
 
+def socket_env(nic):
+    """NCCL's and Gloo's NIC for the socket transport over `nic`. Exact name ("="): a prefix like
+    enp0s1 would also match enp0s12."""
+    return {"NCCL_SOCKET_IFNAME": "=%s" % nic, "GLOO_SOCKET_IFNAME": nic}
+
+
 def rank_setup(profile, primary, control=(), gpu=(), plugin_dir=None):
     """What a rank's container needs for `profile`: env (explicit values), env_script (sourced
     before them, in the container), library_path (prepended to LD_LIBRARY_PATH), volumes and
-    devices. primary: the training NIC (MASTER_ADDR's side, Gloo's)."""
+    devices; paths: what the node must have for them ([{path, kind}], kind env_script, device
+    or volume: the preflight looks for them). primary: the training NIC (MASTER_ADDR's side,
+    Gloo's). NCCL_IB_DISABLE is the job's (llamafactory_nccl_ib_disable, socket profile only):
+    RDMA is gIB's point."""
     if profile == "socket":
         return {
-            "env": {
-                "NCCL_SOCKET_IFNAME": "=%s" % primary,
-                "GLOO_SOCKET_IFNAME": primary,
-                "NCCL_IB_DISABLE": "1",
-            },
+            "env": socket_env(primary),
             "env_script": None,
             "library_path": [],
             "volumes": [],
             "devices": [],
+            "paths": [],
         }
     if profile not in PLUGIN_DIRS:
         raise ProfileError("network profile %r is not one of %s" % (profile, ", ".join(PROFILES)))
@@ -370,10 +376,16 @@ def rank_setup(profile, primary, control=(), gpu=(), plugin_dir=None):
         }
         volumes = ["%s:%s:ro" % (base, base)]
         devices = [RDMA_DEVICES]
+    paths = [{"path": script, "kind": "env_script"}]
+    paths += [{"path": device, "kind": "device"} for device in devices]
+    for volume in volumes:
+        source = volume.split(":")[0]
+        paths.append({"path": source, "kind": "device" if source.startswith("/dev/") else "volume"})
     return {
         "env": env,
         "env_script": script,
         "library_path": [library, "/usr/lib/x86_64-linux-gnu"],
         "volumes": volumes,
         "devices": devices,
+        "paths": paths,
     }

@@ -15,6 +15,10 @@ import fnmatch
 import ipaddress
 import json
 
+from ansible_collections.hostnet.llamafactory.plugins.module_utils import (
+    _network_profile as network_profile,
+)
+
 DEFAULT_EXCLUDE = [
     "lo",
     "docker*",
@@ -193,10 +197,7 @@ def choose(
 
     sysfs = (layout.get("sysfs") or {}).get(chosen["name"], {})
     infiniband = sorted(layout.get("infiniband") or [])
-    nccl_env = {
-        "NCCL_SOCKET_IFNAME": "=%s" % chosen["name"],
-        "GLOO_SOCKET_IFNAME": chosen["name"],
-    }
+    nccl_env = network_profile.socket_env(chosen["name"])
     if not infiniband:
         nccl_env["NCCL_IB_DISABLE"] = "1"
     network = ipaddress.ip_interface("%s/%s" % (address, prefix)).network

@@ -34,6 +34,7 @@ OPTIONS = dict(
     metadata_url=dict(type="str", default="http://metadata.google.internal/computeMetadata/v1"),
     metadata_timeout=dict(type="float", default=2.0),
     network_profile=dict(type="str", choices=list(network_profile.CHOICES), default="auto"),
+    pci_slots=dict(type="dict", default={}),
 )
 SYS_NET = "/sys/class/net"
 SYS_INFINIBAND = "/sys/class/infiniband"
@@ -71,6 +72,17 @@ def sysfs_facts(names, root=SYS_NET):
             "rdma": os.path.isdir(os.path.join(device, "infiniband")),
         }
     return facts
+
+
+def with_pci_slots(sysfs, pci_slots):
+    """sysfs facts with the PCI addresses given for NICs that have no PCI device (the local
+    cluster's veth NICs: its one setting GCP does not need). A real device's address wins."""
+    for name, slot in (pci_slots or {}).items():
+        facts = sysfs.get(name)
+        if facts is not None and not facts.get("pci_slot"):
+            facts["pci_slot"] = str(slot).lower()
+            facts["pci_slot_given"] = True
+    return sysfs
 
 
 def _open_url(*args, **kwargs):
@@ -157,7 +169,10 @@ def gather(module, params, opener=_open_url, dmi_path=DMI_PRODUCT_NAME):
         layout["metadata"] = ask_metadata(
             params["metadata_url"], params["metadata_timeout"], opener
         )
-    layout["sysfs"] = sysfs_facts([link["name"] for link in parse_links(layout["ip_addr"])])
+    layout["sysfs"] = with_pci_slots(
+        sysfs_facts([link["name"] for link in parse_links(layout["ip_addr"])]),
+        params.get("pci_slots"),
+    )
     layout["machine_type"] = None
     # Not asked again of a server that just failed nic0's question: choose() reports that one.
     failed = "error" in (layout["metadata"] or {})

@@ -71,6 +71,11 @@ options:
         type: str
         choices: [auto, socket, tcpxo, gib]
         default: auto
+      pci_slots:
+        description: PCI addresses for NICs without a PCI device (the local cluster's; see
+          primary_nic).
+        type: dict
+        default: {}
   docker_host:
     description: The options of M(hostnet.llamafactory.docker_host_facts).
     type: dict

@@ -84,6 +84,13 @@ options:
     type: str
     choices: [auto, socket, tcpxo, gib]
     default: auto
+  pci_slots:
+    description:
+      - PCI addresses (C(0000:06:00.0)) for NICs that have no PCI device, by NIC name. Only for
+        the local cluster, whose veth NICs stand in for a GPU VM's; a NIC with a PCI device keeps
+        its own address. Leave it empty on GCP.
+    type: dict
+    default: {}
   fact:
     description:
       - Set the fact C(primary_nic) to the result. Turn it off for a check that must not replace
@@ -227,7 +234,8 @@ network_profile:
       C(control) and C(gpu) (the NICs found; empty for V(socket)), C(candidates) (every NIC
       with its C(role) and C(reason)), C(problems) (C(id), C(detail); the GPU NICs' count, MTU
       and state; C(gpu-nics-missing) when V(auto) fell back to V(socket)) and C(setup)
-      (C(env), C(env_script) to source before it, C(library_path), C(volumes), C(devices)).
+      (C(env), C(env_script) to source before it, C(library_path), C(volumes), C(devices), and
+      C(paths) - the files and devices the node needs for them).
   returned: success
   type: dict
   sample:
@@ -239,11 +247,12 @@ network_profile:
     candidates: []
     problems: []
     setup:
-      env: {NCCL_SOCKET_IFNAME: "=ens4", GLOO_SOCKET_IFNAME: ens4, NCCL_IB_DISABLE: "1"}
+      env: {NCCL_SOCKET_IFNAME: "=ens4", GLOO_SOCKET_IFNAME: ens4}
       env_script: null
       library_path: []
       volumes: []
       devices: []
+      paths: []
 warnings_found:
   description: Disagreements noticed (metadata versus route); also shown as warnings.
   returned: success

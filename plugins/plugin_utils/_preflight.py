@@ -101,6 +101,64 @@ def _listener_problem(host, node, listener, master_port, probe_port):
     )
 
 
+# The network profile's problems found by discovery (primary_nic's network_profile.problems),
+# with their fix.
+PROFILE_FIXES = {
+    "gpu-nics-missing": "create the VM with its GPU NICs (one per GPU network, as its machine "
+    "type's recipe), or set llamafactory_network_profile=socket to train over one NIC at a "
+    "fraction of the machine's network",
+    "gpu-nic-count": "create the VM with every GPU NIC of its machine type (one per GPU VPC)",
+    "gpu-nic-mtu": "create the GPU networks with the MTU of the machine type's recipe",
+    "gpu-nic-down": "bring the GPU NIC up (its VPC attachment, or `ip link set NIC up`)",
+    "gpu-nic-no-address": "check the GPU NIC's subnet and the guest's network configuration "
+    "(DHCP on every GPU NIC)",
+}
+_FILE_FIXES = {
+    "env_script": (
+        "network-plugin-missing",
+        "install the plugin (train.yml's host setup for the profile), or set "
+        "llamafactory_network_profile=socket",
+    ),
+    "device": (
+        "network-device-missing",
+        "load the driver that provides it (TCPXO: the aperture devices' udev rule and "
+        "dmabuf-import-helper; gIB: the RDMA drivers), or set llamafactory_network_profile=socket",
+    ),
+    "volume": (
+        "network-plugin-missing",
+        "install the plugin (train.yml's host setup for the profile), or set "
+        "llamafactory_network_profile=socket",
+    ),
+}
+
+
+def _profile_findings(host, node, report):
+    """The node's network profile: discovery's problems and the plugin's files and devices
+    missing on the node (report['missing_network']: [{path, kind}])."""
+    profile = node.get("profile") or "socket"
+    found = []
+    for problem in node.get("profile_problems") or []:
+        ident = problem.get("id", "network-profile")
+        found.append(
+            _finding(
+                ident,
+                "%s (%s profile): %s" % (host, profile, problem.get("detail")),
+                PROFILE_FIXES.get(ident, "see the README's GCP GPU machine families"),
+            )
+        )
+    for item in report.get("missing_network") or []:
+        ident, fix = _FILE_FIXES.get(item.get("kind"), _FILE_FIXES["volume"])
+        found.append(
+            _finding(
+                ident,
+                "%s has no %s, which the %s profile's ranks need (%s)"
+                % (host, item.get("path"), profile, item.get("kind")),
+                fix,
+            )
+        )
+    return found
+
+
 def findings(
     reports,
     nodes,
@@ -125,6 +183,7 @@ def findings(
                     "out of llamafactory_shared_mounts",
                 )
             )
+        found += _profile_findings(host, nodes[host], (reports.get(host) or {}))
         listener = (reports.get(host) or {}).get("listener") or {}
         problem = _listener_problem(host, nodes[host], listener, master_port, probe_port)
         if problem:
@@ -254,6 +313,17 @@ def findings(
                     "driver (`nvidia-smi` on the host)",
                 )
             )
+    types = dict((h, n.get("machine_type")) for h, n in nodes.items() if n.get("machine_type"))
+    if len(set(types.values())) > 1:
+        found.append(
+            _finding(
+                "machine-types-differ",
+                "the nodes are of different machine types: %s"
+                % ", ".join("%s %s" % (h, types[h]) for h in sorted(types)),
+                "use one machine type for every node of a job: NCCL's rings and the network "
+                "plugin's tuning assume the same GPUs and NICs on each",
+            )
+        )
     mtus = dict((h, n.get("mtu")) for h, n in nodes.items() if n.get("mtu"))
     if len(set(mtus.values())) > 1:
         listed = ", ".join(

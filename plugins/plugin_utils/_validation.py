@@ -22,6 +22,9 @@ import os
 import re
 
 import yaml
+from ansible_collections.hostnet.llamafactory.plugins.module_utils import (
+    _network_profile as network_profile,
+)
 from ansible_collections.hostnet.llamafactory.plugins.plugin_utils._address_kind import (
     address_kind,
 )
@@ -305,6 +308,22 @@ def _master_addr(label, value):
     ]
 
 
+_PCI_SLOT_RE = re.compile(r"^[0-9a-fA-F]{4}:[0-9a-fA-F]{2}:[0-9a-fA-F]{2}\.[0-7]$")
+
+
+def _pci_slots(label, value):
+    problems = []
+    for name in sorted(value, key=str):
+        problems += _interface("%s key" % label, str(name))
+        if not _PCI_SLOT_RE.match(str(value[name])):
+            problems.append(
+                "%s[%s] is %r: not a PCI address; give DOMAIN:BUS:DEVICE.FUNCTION such as "
+                "0000:06:00.0 (only the local cluster sets this: veth NICs have none)"
+                % (label, name, value[name])
+            )
+    return problems
+
+
 def _survey_reads(label, value):
     return [
         "%s has the key %r: give only docker_host and job (the options of node_survey's parts, "
@@ -536,6 +555,7 @@ _add("llamafactory_stop_timeout", "int", _LF, default=10, low=0)
 _add("llamafactory_collective_timeout_max", "int", _LF, default=3600, low=60)
 _add("llamafactory_rendezvous_timeout", "int", _LF, default=600, low=30)
 _add("llamafactory_nccl_ib_disable", "bool", _LF, default=True)
+_add("llamafactory_network_profile", "str", _LF, default="auto", choices=network_profile.CHOICES)
 _add(
     "llamafactory_nccl_debug",
     "str",
@@ -630,6 +650,7 @@ _add(
 _add("discover_network_metadata_timeout", "float", _DN, default=2.0, low=0.001)
 _add("discover_network_include_tunnels", "bool", _DN, default=False)
 _add("discover_network_survey", "dict", _DN, default={}, check=_survey_reads)
+_add("discover_network_pci_slots", "dict", _DN, default={}, check=_pci_slots)
 
 # Must be the same on every node (the rest may differ per host).
 SAME_ON_EVERY_NODE = (
@@ -638,6 +659,7 @@ SAME_ON_EVERY_NODE = (
     "llamafactory_master_port",
     "llamafactory_image",
     "llamafactory_network_mode",
+    "llamafactory_network_profile",
     "llamafactory_platform",
     "llamafactory_jobs_root",
     "preflight_port",
@@ -995,6 +1017,13 @@ def validate(
                 '"socketStartConnect: Connect to 172.17.0.2<...> failed"). Set '
                 "llamafactory_network_mode=host. ('bridge' with llamafactory_allow_bridge=true "
                 "exists to reproduce that failure.)" % mode
+            )
+        profile = effective[host]["llamafactory_network_profile"]
+        if mode is not None and mode != "host" and profile not in (None, "auto", "socket"):
+            note(
+                "llamafactory_network_profile is %r but llamafactory_network_mode is %r: GPU NICs "
+                "are the host's, so the %s profile needs llamafactory_network_mode=host."
+                % (profile, mode, profile)
             )
         addr = effective[host]["llamafactory_master_addr"]
         allow_public = values["llamafactory_allow_public_master_addr"]

@@ -32,6 +32,12 @@ relaunches from the newest checkpoint all of them hold. Anything else ends the j
 exits with its training's code (128 + N for a signal N, as a shell reports it), or
 EXIT_PEER_LOST when it stopped its training because of another rank.
 
+The network profile's environment (GPU VMs): when AGENT.json has `network` ({env_script,
+library_path}), the training starts with env_script sourced (Google's tuned NCCL values for the
+plugin), the container's own environment (the image's and the job's values) on top, and
+library_path first on LD_LIBRARY_PATH, as Google's recipes run NCCL in a container. The
+preflight's smoke test does the same in shell.
+
 AGENT.json: job, rank, address and port to listen on, peers ({rank: address}, every rank's
 agent listens on the same port), peer_timeout, rendezvous_timeout, interval, stop_grace,
 max_restarts (of the job, restarts_before of them made by the controller before this launch),
@@ -258,6 +264,52 @@ def relaunch_command(command, output_dir, resume, fresh):
     return base + (["overwrite_output_dir=true"] if fresh else [])
 
 
+class NetworkEnvError(Exception):
+    """The network profile's environment cannot be made; the message names the fix."""
+
+
+def network_env(network, environ, shell=None):
+    """The training's environment for the network profile `network` ({env_script,
+    library_path}; empty for the socket profile: `environ` as it is)."""
+    network = network or {}
+    env = dict(environ)
+    script = network.get("env_script")
+    if script:
+        if not os.path.isfile(script):
+            raise NetworkEnvError(
+                f"the network plugin's environment script {script} is not in the container: "
+                "the plugin is not installed on this node, or its folder is not mounted "
+                "(run the playbook's host setup, or set llamafactory_network_profile=socket)"
+            )
+        shell = shell or ("/bin/bash" if os.path.exists("/bin/bash") else "/bin/sh")
+        # The script's own output goes to stderr: stdout carries the environment, NUL-separated.
+        try:
+            sourced = subprocess.run(  # noqa: UP022 (capture_output: Python 3.7+)
+                [shell, "-c", 'set -a; . "$0" 1>&2; exec env -0', script],
+                env=env,
+                stdout=subprocess.PIPE,
+                stderr=subprocess.PIPE,
+                timeout=60,
+                check=False,
+            )
+        except (OSError, subprocess.TimeoutExpired) as exc:
+            raise NetworkEnvError(f"sourcing {script} failed: {exc}") from exc
+        if sourced.returncode != 0:
+            detail = sourced.stderr.decode("utf-8", "replace").strip()[-500:]
+            raise NetworkEnvError(f"sourcing {script} failed (exit {sourced.returncode}): {detail}")
+        env = dict(
+            item.split("=", 1)
+            for item in sourced.stdout.decode("utf-8", "replace").split("\0")
+            if "=" in item
+        )
+        env.update(environ)  # the container's values win; the script adds what it lacks
+    paths = list(network.get("library_path") or [])
+    if paths:
+        current = [p for p in env.get("LD_LIBRARY_PATH", "").split(":") if p]
+        env["LD_LIBRARY_PATH"] = ":".join(dict.fromkeys(paths + current))
+    return env
+
+
 def ask(peer, port, job, timeout):
     """The peer agent's answer (a dict), or None when it does not answer for this job."""
     try:
@@ -478,10 +530,15 @@ class Agent:
         """Start the training; False when it cannot start."""
         self.output = Output()
         try:
+            env = network_env(self.settings.get("network"), os.environ)
             self.child = subprocess.Popen(
-                command, start_new_session=True, stdout=subprocess.PIPE, stderr=subprocess.PIPE
+                command,
+                start_new_session=True,
+                stdout=subprocess.PIPE,
+                stderr=subprocess.PIPE,
+                env=env,
             )
-        except OSError as exc:
+        except (OSError, NetworkEnvError) as exc:
             log(f"rank {self.settings['rank']}: cannot start {command[0]}: {exc}")
             return False
         self.output.follow(self.child.stdout, sys.stdout.buffer)

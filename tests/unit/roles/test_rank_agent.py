@@ -447,3 +447,70 @@ def test_a_rank_that_fails_on_its_own_is_not_restarted(job, tmp_path):
     assert code == 3, err
     assert "not restarted on the nodes: a rank failed on its own" in err
     assert j.wait(0, timeout=30)[0] == rank_agent.EXIT_PEER_LOST
+
+
+# -- the network profile's environment (network_env) ----------------------------------------
+
+
+def env_script(tmp_path, body):
+    script = tmp_path / "nccl-env-profile.sh"
+    script.write_text(body)
+    return str(script)
+
+
+def test_network_env_sources_the_script_under_the_containers_values(tmp_path):
+    # As Google's recipes: the plugin's script sets its tuned NCCL values (and its own
+    # LD_LIBRARY_PATH); the job's values win; the plugin's libraries come first.
+    script = env_script(
+        tmp_path,
+        'echo "profile loaded"\n'
+        "NCCL_SOCKET_IFNAME=eth0\nNCCL_PROTO=Simple,LL128\nNCCL_BUFFSIZE=8388608\n"
+        'LD_LIBRARY_PATH="${NCCL_LIB_DIR}:${LD_LIBRARY_PATH}"\n',
+    )
+    environ = {
+        "PATH": os.environ["PATH"],
+        "NCCL_LIB_DIR": "/var/lib/tcpxo/lib64",
+        "NCCL_SOCKET_IFNAME": "=enp0s12",
+        "LD_LIBRARY_PATH": "/usr/local/cuda/lib64",
+    }
+    network = {
+        "env_script": script,
+        "library_path": ["/var/lib/tcpxo/lib64", "/usr/lib/x86_64-linux-gnu"],
+    }
+    env = rank_agent.network_env(network, environ)
+    assert env["NCCL_SOCKET_IFNAME"] == "=enp0s12"
+    assert (env["NCCL_PROTO"], env["NCCL_BUFFSIZE"]) == ("Simple,LL128", "8388608")
+    assert env["LD_LIBRARY_PATH"] == (
+        "/var/lib/tcpxo/lib64:/usr/lib/x86_64-linux-gnu:/usr/local/cuda/lib64"
+    )
+    assert "profile loaded" not in json.dumps(env)
+
+
+def test_network_env_of_the_socket_profile_is_the_containers():
+    environ = {"NCCL_SOCKET_IFNAME": "=ens4", "LD_LIBRARY_PATH": "/x"}
+    assert rank_agent.network_env({}, environ) == environ
+    assert rank_agent.network_env(None, environ) == environ
+
+
+def test_network_env_names_a_missing_or_failing_script(tmp_path):
+    with pytest.raises(rank_agent.NetworkEnvError, match="plugin is not installed on this node"):
+        rank_agent.network_env({"env_script": str(tmp_path / "absent.sh")}, {})
+    broken = env_script(tmp_path, "echo 'no such plugin build' >&2\nexit 4\n")
+    with pytest.raises(rank_agent.NetworkEnvError, match=r"exit 4\): no such plugin build"):
+        rank_agent.network_env({"env_script": broken}, {"PATH": os.environ["PATH"]})
+
+
+def test_the_training_starts_with_the_profiles_environment_or_not_at_all(job, tmp_path):
+    script = env_script(tmp_path, "NCCL_PROTO=Simple\n")
+    check = (
+        "import os, sys; e = os.environ; "
+        "sys.exit(0 if e['NCCL_PROTO'] == 'Simple' and e['LD_LIBRARY_PATH'].startswith('/plugin')"
+        " else 3)"
+    )
+    network = {"env_script": script, "library_path": ["/plugin/lib64"]}
+    code, _err = job(check, network=lambda _r: network).wait(0, 60)
+    assert code == 0
+    missing = dict(network, env_script=str(tmp_path / "absent.sh"))
+    code, err = job(check, network=lambda _r: missing).wait(0, 60)
+    assert code == 127
+    assert "plugin is not installed on this node" in err

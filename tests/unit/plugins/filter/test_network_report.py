@@ -51,3 +51,30 @@ def test_call_site(call_sites):
     assert call_sites("network_report", network_report) == [
         ("playbooks/discover.yml", 0, ["ranks", "master_addrs", "reached_at", "platform"])
     ]
+
+
+def test_the_network_profile_is_one_line():
+    tcpxo = dict(
+        VM1_NIC,
+        network_profile={
+            "profile": "tcpxo",
+            "why": "machine type a3-megagpu-8g",
+            "control": ["enp0s12"],
+            "gpu": ["enp6s0", "enp7s0"],
+            "setup": {"env": {"NCCL_SOCKET_IFNAME": "=enp0s12"}},
+        },
+    )
+    socket = dict(VM1_NIC, network_profile={"profile": "socket", "why": "set", "setup": {}})
+    report = network_report(
+        {"vm0": tcpxo, "vm1": socket},
+        ranks={"vm0": 0, "vm1": 1},
+        reached_at={},
+        master_addrs={"vm0": "198.18.0.2", "vm1": "198.18.0.2"},
+        platform="gcp",
+    )
+    assert "NCCL_SOCKET_IFNAME==enp0s12" in report["vm0"][1]
+    assert report["vm0"][-1] == (
+        "network profile tcpxo (machine type a3-megagpu-8g): control enp0s12, GPU NICs "
+        "enp6s0,enp7s0"
+    )
+    assert report["vm1"][-1] == "network profile socket (set)"

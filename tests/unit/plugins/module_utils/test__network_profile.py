@@ -159,16 +159,14 @@ def test_a_profile_that_contradicts_the_machine_type_is_refused():
 
 
 def test_socket_profile_is_todays_environment():
+    # NCCL_IB_DISABLE stays the job's setting (llamafactory_nccl_ib_disable).
     assert profiles.rank_setup("socket", "ens4") == {
-        "env": {
-            "NCCL_SOCKET_IFNAME": "=ens4",
-            "GLOO_SOCKET_IFNAME": "ens4",
-            "NCCL_IB_DISABLE": "1",
-        },
+        "env": {"NCCL_SOCKET_IFNAME": "=ens4", "GLOO_SOCKET_IFNAME": "ens4"},
         "env_script": None,
         "library_path": [],
         "volumes": [],
         "devices": [],
+        "paths": [],
     }
 
 

@@ -342,6 +342,23 @@ def test_sysfs_facts_read_pci_addresses_and_rdma_devices(tmp_path):
     assert facts["docker0"]["pci_slot"] is None
 
 
+def test_pci_slots_given_fill_only_nics_without_a_pci_device():
+    # The local cluster's setting: veth NICs get the addresses GCP's NICs have; a real device's
+    # own address is never replaced.
+    sysfs = {
+        "enp0s12": {"pci_slot": "0000:00:0c.0", "rdma": False},
+        "enp6s0": {"pci_slot": None, "rdma": False},
+    }
+    given = {"enp0s12": "0000:00:99.0", "enp6s0": "0000:06:00.0", "absent0": "0000:07:00.0"}
+    facts = nic_host.with_pci_slots(sysfs, given)
+    assert facts["enp0s12"]["pci_slot"] == "0000:00:0c.0"
+    assert facts["enp6s0"] == {"pci_slot": "0000:06:00.0", "rdma": False, "pci_slot_given": True}
+    assert "absent0" not in facts
+    assert nic_host.with_pci_slots({"ens4": {"pci_slot": None}}, None) == {
+        "ens4": {"pci_slot": None}
+    }
+
+
 def test_a3_high_layout_gets_the_tcpxo_profile():
     # The A3 High fixture's NICs on the PCI addresses their names encode (enp12s0: bus 0x0c).
     fixture = load("gcp-a3-high-multinic")

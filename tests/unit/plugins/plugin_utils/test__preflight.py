@@ -244,3 +244,50 @@ def test_a_shared_mount_missing_on_a_node():
     found = verdict(data, reports)
     assert [f["id"] for f in found] == ["shared-mount-missing"]
     assert "vm1 has no folder /mnt/shared (llamafactory_shared_mounts)" in found[0]["cause"]
+
+
+def test_a_gpu_profiles_missing_plugin_devices_and_nic_problems_are_named():
+    # A3 Mega nodes of the tcpxo profile: vm1's plugin folder and aperture devices are missing
+    # (what the preflight's stat found), vm0's discovery saw 7 of 8 GPU NICs and a wrong MTU.
+    data, reports = case("healthy")
+    nodes = copy.deepcopy(data["nodes"])
+    for node in nodes.values():
+        node.update(profile="tcpxo", machine_type="a3-megagpu-8g")
+    nodes["vm0"]["profile_problems"] = [
+        {"id": "gpu-nic-count", "detail": "7 GPU NICs found (...), a3-megagpu-8g has 8"},
+        {"id": "gpu-nic-mtu", "detail": "enp6s0 has MTU 1460, a3-megagpu-8g's GPU networks 8244"},
+    ]
+    reports["vm1"]["missing_network"] = [
+        {"path": "/var/lib/tcpxo/lib64/nccl-env-profile.sh", "kind": "env_script"},
+        {"path": "/dev/aperture_devices", "kind": "device"},
+    ]
+    found = preflight.findings(
+        reports, nodes, nodes["vm0"]["address"], data["master_port"], data["probe_port"]
+    )
+    assert [f["id"] for f in found] == [
+        "gpu-nic-count",
+        "gpu-nic-mtu",
+        "network-plugin-missing",
+        "network-device-missing",
+    ]
+    assert found[0]["cause"].startswith("vm0 (tcpxo profile): 7 GPU NICs found")
+    assert "every GPU NIC of its machine type" in found[0]["fix"]
+    assert "vm1 has no /var/lib/tcpxo/lib64/nccl-env-profile.sh" in found[2]["cause"]
+    assert "llamafactory_network_profile=socket" in found[2]["fix"]
+    assert "aperture devices' udev rule" in found[3]["fix"]
+
+
+def test_nodes_of_different_machine_types_and_a_fallback_to_sockets_are_named():
+    data, reports = case("healthy")
+    nodes = copy.deepcopy(data["nodes"])
+    nodes["vm0"].update(machine_type="a3-megagpu-8g", profile="socket")
+    nodes["vm0"]["profile_problems"] = [
+        {"id": "gpu-nics-missing", "detail": "no GPU NIC found for the tcpxo profile"}
+    ]
+    nodes["vm1"].update(machine_type="a3-highgpu-8g", profile="socket")
+    found = preflight.findings(
+        reports, nodes, nodes["vm0"]["address"], data["master_port"], data["probe_port"]
+    )
+    assert [f["id"] for f in found] == ["gpu-nics-missing", "machine-types-differ"]
+    assert "set llamafactory_network_profile=socket" in found[0]["fix"]
+    assert "vm0 a3-megagpu-8g, vm1 a3-highgpu-8g" in found[1]["cause"]

@@ -673,6 +673,43 @@ CATALOGUE += [
         "env-value-nul", {"llamafactory_env": {"A": "1\x00"}}, "llamafactory_env", "Give one line"
     ),
     case(
+        "network-profile-unknown",
+        {"llamafactory_network_profile": "rdma"},
+        "llamafactory_network_profile",
+        "use one of 'auto', 'socket', 'tcpxo', 'gib'",
+    ),
+    case(
+        "network-profile-mixed",
+        {},
+        "llamafactory_network_profile",
+        "the job has one value",
+        per_host={"vm1": {"llamafactory_network_profile": "gib"}},
+    ),
+    case(
+        "network-profile-on-bridge",
+        {
+            "llamafactory_network_profile": "tcpxo",
+            "llamafactory_network_mode": "bridge",
+            "llamafactory_allow_bridge": True,
+        },
+        "llamafactory_network_profile",
+        "needs llamafactory_network_mode=host",
+    ),
+    case(
+        "pci-slots-not-an-address",
+        {},
+        "discover_network_pci_slots",
+        "such as 0000:06:00.0",
+        per_host={"vm1": {"discover_network_pci_slots": {"enp6s0": "06:00.0"}}},
+    ),
+    case(
+        "pci-slots-bad-nic-name",
+        {},
+        "discover_network_pci_slots",
+        "not a network interface name",
+        per_host={"vm1": {"discover_network_pci_slots": {"enp6s0;x": "0000:06:00.0"}}},
+    ),
+    case(
         "registry-user-line-break",
         {"llamafactory_registry_username": "me\nx"},
         "llamafactory_registry_username",
