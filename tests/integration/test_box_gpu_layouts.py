@@ -1,0 +1,195 @@
+"""GCP's GPU machine types in the local cluster: a VM of such a type has that type's NICs (names,
+MTUs, addresses, one network each), its stand-in devices, every NIC in its metadata and in the
+Compute Engine API, and the one local-only host variable, discover_network_pci_slots.
+
+One cluster of its own, 'gpubox', for the session (gpu_box: later tests may reuse it): vm0 an
+a3-megagpu-8g (tcpxo: enp0s12 + 8 GPU NICs), vm1 an a3-ultragpu-8g (gib: enp0s19, enp192s20 +
+8 RDMA NICs)."""
+
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+from conftest import ROOT, VM
+from localcluster import cluster, gce_control, gce_firewall, spec
+
+pytestmark = pytest.mark.cluster  # brings up a local cluster
+
+ANSIBLE_INVENTORY = os.path.join(os.path.dirname(sys.executable), "ansible-inventory")
+METADATA = "http://metadata.google.internal/computeMetadata/v1/instance/network-interfaces/"
+
+
+def gpu_box_definition() -> spec.ClusterSpec:
+    """shift 6 with the vpc and external networks on /24s of that block that no other test
+    cluster uses (198.18.195.0/24, 198.19.193.0/24; `cp`, also shift 6, takes .192-.194 and
+    198.19.192), and the GPU networks derived at 198.18.207-223: this cluster can stay up for
+    the whole session while the other modules' clusters come and go."""
+    return spec.load(
+        name="gpubox",
+        shift=6,
+        networks={
+            "vpc": {"subnet": "198.18.3.0/24", "mtu": 1460},
+            "external": {"subnet": "198.19.1.0/24"},
+        },
+        vms=[
+            {"name": "vm0", "machine_type": "a3-megagpu-8g"},
+            {"name": "vm1", "machine_type": "a3-ultragpu-8g"},
+        ],
+    )
+
+
+@pytest.fixture(scope="session")
+def gpu_box():
+    """The running 'gpubox' cluster's state (state.json); torn down at the session's end."""
+    definition = gpu_box_definition()
+    state = cluster.up(definition)
+    yield state
+    cluster.down(definition)
+    assert not cluster.state_dir(definition).exists()
+
+
+def nics_of(node: dict) -> list[dict]:
+    return [*node["control_nics"], *node["gpu_nics"]]
+
+
+def test_each_vm_has_its_machine_types_nics(gpu_box):
+    vm0, vm1 = gpu_box["nodes"]
+    assert (vm0["nic"], vm1["nic"]) == ("enp0s12", "enp0s19")
+    assert [n["name"] for n in vm0["gpu_nics"]] == [
+        f"enp{n}s0" for n in (6, 7, 13, 14, 134, 135, 141, 142)
+    ]
+    assert [n["name"] for n in vm1["control_nics"]] == ["enp0s19", "enp192s20"]
+    assert [n["name"] for n in vm1["gpu_nics"]] == [f"gpu{i}rdma0" for i in range(8)]
+    for node, gpu_mtu in ((vm0, 8244), (vm1, 8896)):
+        links = VM(node).addresses()
+        # Its NICs and nothing else (no eth*, no ens4): lo, ext0, the VM's docker0.
+        assert set(links) - {"lo", "ext0", "docker0"} == {n["name"] for n in nics_of(node)}
+        for nic in nics_of(node):
+            link = links[nic["name"]]
+            assert link["up"], nic["name"]
+            assert link["ipv4"] == [(nic["address"], 24)], nic["name"]
+            assert link["mtu"] == nic["mtu"], nic["name"]
+            mac = VM(node).sh(f"cat /sys/class/net/{nic['name']}/address").stdout.strip()
+            assert mac == nic["mac"]
+        assert {n["mtu"] for n in node["gpu_nics"]} == {gpu_mtu}
+        assert links[node["nic"]]["mtu"] == 1460  # the shared vpc network's MTU
+        assert VM(node).default_route()["dev"] == node["nic"]
+    assert vm1["control_nics"][1]["mtu"] == 8896
+    # One network per GPU NIC: each its own subnet.
+    subnets = {n["address"].rsplit(".", 1)[0] for node in (vm0, vm1) for n in node["gpu_nics"]}
+    assert len(subnets) == 16
+
+
+def test_stand_in_devices(gpu_box):
+    vm0, vm1 = (VM(node) for node in gpu_box["nodes"])
+    listed = vm0.sh("ls /dev/aperture_devices").stdout.split()
+    assert listed == sorted(
+        n["pci_slot"][:-1] + "1" for n in gpu_box["nodes"][0]["gpu_nics"]
+    )  # 0000:06:00.1 ... as Google's udev rule names them
+    assert "0000:06:00.1" in listed and len(listed) == 8
+    assert vm0.sh("test -e /dev/infiniband", check=False).returncode != 0
+    devices = vm1.sh("stat -c '%n %F %t:%T' /dev/infiniband/uverbs*").stdout.splitlines()
+    assert devices == [f"/dev/infiniband/uverbs{i} character special file 1:3" for i in range(8)]
+    vm1.sh("head -c 1 /dev/infiniband/uverbs0 >/dev/null && echo x > /dev/infiniband/uverbs7")
+    assert vm1.sh("test -e /dev/aperture_devices", check=False).returncode != 0
+
+
+def test_the_metadata_server_lists_every_nic_in_gcps_order(gpu_box):
+    for node in gpu_box["nodes"]:
+        answer = VM(node).sh(f"curl -sf -H 'Metadata-Flavor: Google' '{METADATA}?recursive=true'")
+        interfaces = json.loads(answer.stdout)
+        nics = nics_of(node)
+        assert [i["ip"] for i in interfaces] == [n["address"] for n in nics]
+        assert [i["mac"] for i in interfaces] == [n["mac"] for n in nics]
+        assert [i["mtu"] for i in interfaces] == [n["mtu"] for n in nics]
+        assert [i["network"].rsplit("/", 1)[1] for i in interfaces] == [
+            n["gce_network"] for n in nics
+        ]
+        assert interfaces[0]["accessConfigs"][0]["externalIp"] == node["external_address"]
+        assert all("accessConfigs" not in i for i in interfaces[1:])
+        assert {i["subnetmask"] for i in interfaces} == {"255.255.255.0"}
+    vm0, vm1 = gpu_box["nodes"]
+    assert vm1["control_nics"][1]["gce_network"] == "gpubox-net-1"
+    assert vm0["gpu_nics"][0]["gce_network"] == "gpubox-gpu0"
+
+
+def _inventory(gpu_box, *args: str) -> dict:
+    environment = {
+        k: v for k, v in os.environ.items() if not k.startswith(("GCP_", "LLAMAFACTORY_"))
+    }
+    environment.update(gpu_box["gce"]["env"], ANSIBLE_CONFIG=str(ROOT / "ansible.cfg"))
+    environment["ANSIBLE_INVENTORY_UNPARSED_FAILED"] = "1"
+    result = subprocess.run(
+        [ANSIBLE_INVENTORY, "-i", gpu_box["gcp_inventory"], *args],
+        cwd=ROOT,
+        env=environment,
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=False,
+    )
+    assert result.returncode == 0, result.stderr
+
+    def unwrap(value):
+        return value["__ansible_unsafe"] if set(value) == {"__ansible_unsafe"} else value
+
+    return json.loads(result.stdout, object_hook=unwrap)
+
+
+def test_the_inventories_carry_the_pci_slots_and_the_api_every_nic(gpu_box, tmp_path):
+    import yaml
+
+    vm0, vm1 = gpu_box["nodes"]
+    expected = {
+        "vm0": {
+            "enp0s12": "0000:00:0c.0",
+            **{n["name"]: n["pci_slot"] for n in vm0["gpu_nics"]},
+        },
+        "vm1": {"enp0s19": "0000:00:13.0", "enp192s20": "0000:c0:14.0"},
+    }
+    assert expected["vm0"]["enp6s0"] == "0000:06:00.0"
+    static = yaml.safe_load(open(gpu_box["inventory"]).read())  # noqa: SIM115
+    hosts = static["all"]["children"]["llamafactory"]["hosts"]
+    for name in ("vm0", "vm1"):
+        assert hosts[name]["discover_network_pci_slots"] == expected[name]
+    # The GCP path: host_vars/<vm>.yml beside the dynamic inventory, as Ansible loads it.
+    listed = _inventory(gpu_box, "--list")
+    hostvars = listed["_meta"]["hostvars"]
+    for node in (vm0, vm1):
+        host = _inventory(gpu_box, "--host", node["name"])
+        assert host["discover_network_pci_slots"] == expected[node["name"]]
+        assert host["ansible_host"] == node["external_address"]
+        # The Compute Engine API (through the gcp_compute plugin): every NIC, nic0 first.
+        interfaces = hostvars[node["name"]]["gcp_networkInterfaces"]
+        assert [i["networkIP"] for i in interfaces] == [n["address"] for n in nics_of(node)]
+        assert hostvars[node["name"]]["gcp_firewall_network"] == "default"
+
+
+def test_tcpxo_gpu_vpcs_are_filtered_rdma_nics_not(gpu_box):
+    vm0, vm1 = gpu_box["nodes"]
+    chains0 = VM(vm0).sh("iptables -w -t mangle -S HLF-GCE-PREROUTING").stdout
+    assert "-i enp6s0 -j HLF-GCE-INGRESS-1" in chains0
+    implied = VM(vm0).sh("iptables -w -t mangle -S HLF-GCE-INGRESS-1").stdout
+    assert "implied-deny-ingress 65535" in implied
+    chains1 = VM(vm1).sh("iptables -w -t mangle -S HLF-GCE-PREROUTING").stdout
+    assert "-i enp192s20 -j HLF-GCE-INGRESS-1" in chains1  # net-1: a regular VPC
+    assert "rdma0" not in chains1  # RoCE: no firewall rules on GCP
+    assert gce_firewall.vm_views(gpu_box)[vm1["container"]]["more_networks"].keys() == {
+        "gpubox-net-1"
+    }
+
+
+def test_a_reset_vm_gets_its_nics_and_devices_back(gpu_box):
+    """/dev is a fresh tmpfs at every container start: configure_network makes the stand-ins
+    again, and names all eleven NICs again (the API's reset: a restart)."""
+    definition = gpu_box_definition()
+    backend = gce_control.ClusterBackend(cluster.state_dir(definition))
+    backend.reset("vm1")
+    vm1 = gpu_box["nodes"][1]
+    links = VM(vm1).addresses()
+    assert {n["name"] for n in nics_of(vm1)} <= set(links)
+    assert links["gpu7rdma0"]["mtu"] == 8896
+    assert VM(vm1).sh("ls /dev/infiniband").stdout.split() == [f"uverbs{i}" for i in range(8)]
+    assert VM(vm1).default_route()["dev"] == "enp0s19"
