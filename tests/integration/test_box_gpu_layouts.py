@@ -8,12 +8,13 @@ a3-megagpu-8g (tcpxo: enp0s12 + 8 GPU NICs), vm1 an a3-ultragpu-8g (gib: enp0s19
 
 import json
 import os
+import socket
 import subprocess
 import sys
 
 import pytest
 from conftest import ROOT, VM
-from localcluster import cluster, gce_control, gce_firewall, spec
+from localcluster import box_api, cluster, gce_firewall, spec
 
 pytestmark = pytest.mark.cluster  # brings up a local cluster
 
@@ -181,12 +182,52 @@ def test_tcpxo_gpu_vpcs_are_filtered_rdma_nics_not(gpu_box):
     }
 
 
+def reach(address: str, port: int = 22, seconds: float = 2) -> str:
+    """From this machine (on every cluster network's bridge): 'open', 'refused' or 'timeout'."""
+    try:
+        socket.create_connection((address, port), timeout=seconds).close()
+        return "open"
+    except ConnectionRefusedError:
+        return "refused"
+    except OSError:
+        return "timeout"
+
+
+def test_a_gpu_vpcs_own_rule_opens_it(gpu_box):
+    """default-allow-ssh (network default) lets SSH in on nic0 only: a tcpxo GPU VPC and net-1
+    stay closed (implied deny) until a rule of theirs opens them; RDMA NICs are unfiltered."""
+    vm0, vm1 = gpu_box["nodes"]
+    enp6s0, enp7s0 = vm0["gpu_nics"][:2]
+    assert reach(vm0["vpc_address"]) == "open"
+    assert reach(enp6s0["address"]) == "timeout"
+    assert reach(vm1["control_nics"][1]["address"]) == "timeout"
+    assert reach(vm1["gpu_nics"][0]["address"]) == "open"
+    box = box_api.Box(gpu_box["gce"])
+    link = f"https://www.googleapis.com/compute/v1/projects/{gpu_box['gce']['project']}"
+    rule = {
+        "name": "gpu0-allow-ssh",
+        "network": f"{link}/global/networks/gpubox-gpu0",
+        "sourceRanges": ["0.0.0.0/0"],
+        "allowed": [{"IPProtocol": "tcp", "ports": ["22"]}],
+    }
+    try:
+        box.insert_rule(rule)
+        assert reach(enp6s0["address"]) == "open"
+        assert reach(enp7s0["address"]) == "timeout"  # gpu1: another VPC
+    finally:
+        box.delete_rule("gpu0-allow-ssh")
+        box.close()
+    assert reach(enp6s0["address"]) == "timeout"
+
+
 def test_a_reset_vm_gets_its_nics_and_devices_back(gpu_box):
     """/dev is a fresh tmpfs at every container start: configure_network makes the stand-ins
     again, and names all eleven NICs again (the API's reset: a restart)."""
-    definition = gpu_box_definition()
-    backend = gce_control.ClusterBackend(cluster.state_dir(definition))
-    backend.reset("vm1")
+    box = box_api.Box(gpu_box["gce"])
+    try:
+        box.act("vm1", "reset")
+    finally:
+        box.close()
     vm1 = gpu_box["nodes"][1]
     links = VM(vm1).addresses()
     assert {n["name"] for n in nics_of(vm1)} <= set(links)
