@@ -36,6 +36,10 @@ SOURCES = {
     "tcpxo_scripts/nccl-env-profile.sh",
     "ct-a3ultra": _CT + "@c9ec0265044729f675562f19ed2845d08fca7251:"
     "examples/machine-learning/a3-ultragpu-8g/nccl-tests/run-nccl-tests.sh",
+    "ct-a3ultra-gib-var": _CT + "@2123ba50d7a0ed5d82f7fbf95a818aaf92860b67:"
+    "examples/machine-learning/a3-ultragpu-8g/nccl-tests/run-nccl-tests.sh",
+    "cea-gib-installer": "GoogleCloudPlatform/container-engine-accelerators@"
+    "0c62442930784bafeeeb4f790e09bc7aa3235b21:gpudirect-rdma/nccl-rdma-installer.yaml",
     "ct-a4": _CT + "@0532a8f49829b6eb3647ca54e1db1c5722485ec0:"
     "examples/machine-learning/a4-highgpu-8g/system_benchmarks/run-nccl-tests-via-ramble.sh",
     "ct-a3ultra-blueprint": _CT + "@0072d1c01cf5ee90fe707b60a414d7c49947a145:"
@@ -121,7 +125,10 @@ MACHINE_TYPES = {
 
 # Where each profile's plugin lives on the host, and the script that sets its tuned NCCL_*
 # values (sourced in the container before the explicit values below; never copied here).
-PLUGIN_DIRS = {"tcpxo": "/var/lib/tcpxo/lib64", "gib": "/usr/local/gib"}
+# gib: /var/lib/gib, where Google's installer image writes it (the GKE installer, and the A3
+# Ultra recipe before the apt package: ct-a3ultra-gib-var); the apt package nccl-gib installs
+# the same layout in /usr/local/gib (rank_setup's plugin_dir).
+PLUGIN_DIRS = {"tcpxo": "/var/lib/tcpxo/lib64", "gib": "/var/lib/gib"}
 ENV_SCRIPTS = {"tcpxo": "nccl-env-profile.sh", "gib": "scripts/set_nccl_env.sh"}
 LIBRARY_DIRS = {"tcpxo": "", "gib": "lib64"}
 APERTURE_DEVICES = "/dev/aperture_devices"  # TCPXO's LLCM devices (ct-a3high-tcpxo)

@@ -47,14 +47,20 @@ LAYOUTS["a4-highgpu-8g"] = LAYOUTS["a3-ultragpu-8g"]
 RDMA = {t: [n["name"] for n in LAYOUTS[t] if "rdma" in n["name"]] for t in LAYOUTS}
 
 
-@pytest.mark.parametrize("recipe", RECIPES, ids=lambda r: r["machine_type"])
+@pytest.mark.parametrize(
+    "recipe",
+    RECIPES,
+    ids=lambda r: r["machine_type"] + ("-" + r["plugin_dir"] if "plugin_dir" in r else ""),
+)
 def test_rendered_env_matches_googles_recipe(recipe):
     machine = recipe["machine_type"]
     profile, why = profiles.choose_profile("auto", machine)
     assert why == f"machine type {machine}"
     found = profiles.find_nics(profile, machine, LAYOUTS[machine], RDMA[machine])
     assert found["problems"] == []
-    setup = profiles.rank_setup(profile, found["control"][0], found["control"], found["gpu"])
+    setup = profiles.rank_setup(
+        profile, found["control"][0], found["control"], found["gpu"], recipe.get("plugin_dir")
+    )
     for key, value in recipe["env"].items():
         ours = setup["env"][key]
         # NCCL_SOCKET_IFNAME in the exact-name form ("=a,b"): the same NICs, no prefix match.
