@@ -468,7 +468,7 @@ def _configure_vm(spec: ClusterSpec, vm: VM, container, public_key: str, probe: 
     attached = container.attrs["NetworkSettings"]["Networks"]
     vpc_mac = attached[spec.network_name("vpc")]["MacAddress"]
     macs_by_role = {
-        role: attached[spec.network_name(role)]["MacAddress"] for role, _ in _vm_networks(spec, vm)
+        role: attached[spec.network_name(role)]["MacAddress"] for role, _nic in _vm_networks(spec, vm)
     }
     control_nics, gpu_nics = nic_entries(spec, vm, macs_by_role)
     macs = _macs([*control_nics, *gpu_nics])
