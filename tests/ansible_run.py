@@ -133,6 +133,7 @@ def run(
     limit: str | None = None,
     envvars: dict | None = None,
     timeout: int = 600,
+    skip_tags: str | None = None,
 ) -> Run:
     """Run `playbook` (a path, relative to the checkout or absolute) or `module` on `hosts`."""
     private_data_dir = Path(private_data_dir)
@@ -148,6 +149,7 @@ def run(
         cmdline="--check" if check else None,
         forks=forks,
         limit=limit,
+        skip_tags=skip_tags,
         quiet=True,
         timeout=timeout,
         **kwargs,

@@ -90,6 +90,9 @@ def test_stand_in_devices(gpu_box):
         n["pci_slot"][:-1] + "1" for n in gpu_box["nodes"][0]["gpu_nics"]
     )  # 0000:06:00.1 ... as Google's udev rule names them
     assert "0000:06:00.1" in listed and len(listed) == 8
+    assert vm0.sh("stat -c '%F %t:%T' /dev/dmabuf_import_helper").stdout.strip() == (
+        "character special file 1:3"
+    )
     assert vm0.sh("test -e /dev/infiniband", check=False).returncode != 0
     devices = vm1.sh("stat -c '%n %F %t:%T' /dev/infiniband/uverbs*").stdout.splitlines()
     assert devices == [f"/dev/infiniband/uverbs{i} character special file 1:3" for i in range(8)]

@@ -94,7 +94,8 @@ def _vm_networks(spec: ClusterSpec, vm: VM) -> list[tuple[str, str]]:
 
 # Stand-ins for the devices a GPU machine type's ranks open (no such hardware here): the tcpxo
 # types' /dev/aperture_devices/<BDF> (each GPU NIC's PCI function 1, as Google's udev rule
-# bind-mounts them; here an empty directory each) and the gib types' /dev/infiniband/uverbs0..7
+# bind-mounts them; here an empty directory each) and /dev/dmabuf_import_helper, and the gib
+# types' /dev/infiniband/uverbs0..7
 # (character devices 1:3, /dev/null's numbers: opening one works and does nothing). /dev is a
 # fresh tmpfs at every container start, so configure_network makes them again each time.
 def standin_devices_script(vm: VM) -> str:
@@ -102,8 +103,11 @@ def standin_devices_script(vm: VM) -> str:
     if not layout:
         return ""
     if layout["profile"] == "tcpxo":
+        # And dmabuf-import-helper's device, which RxDM opens (1:3 as well).
         functions = [slot[:-1] + "1" for slot in layout["gpu_nic_slots"]]
-        return "".join(f"mkdir -p /dev/aperture_devices/{bdf}\n" for bdf in functions)
+        return "".join(f"mkdir -p /dev/aperture_devices/{bdf}\n" for bdf in functions) + (
+            "[ -c /dev/dmabuf_import_helper ] || mknod -m 0666 /dev/dmabuf_import_helper c 1 3\n"
+        )
     return "mkdir -p /dev/infiniband\n" + "".join(
         f"[ -c /dev/infiniband/uverbs{i} ] || mknod -m 0666 /dev/infiniband/uverbs{i} c 1 3\n"
         for i in range(len(layout["gpu_nic_names"]))
@@ -468,7 +472,8 @@ def _configure_vm(spec: ClusterSpec, vm: VM, container, public_key: str, probe: 
     attached = container.attrs["NetworkSettings"]["Networks"]
     vpc_mac = attached[spec.network_name("vpc")]["MacAddress"]
     macs_by_role = {
-        role: attached[spec.network_name(role)]["MacAddress"] for role, _nic in _vm_networks(spec, vm)
+        role: attached[spec.network_name(role)]["MacAddress"]
+        for role, _nic in _vm_networks(spec, vm)
     }
     control_nics, gpu_nics = nic_entries(spec, vm, macs_by_role)
     macs = _macs([*control_nics, *gpu_nics])

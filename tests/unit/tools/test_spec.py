@@ -469,6 +469,7 @@ def test_stand_in_devices_of_gpu_types():
     script = cluster.standin_devices_script(mega)
     assert "mkdir -p /dev/aperture_devices/0000:06:00.1\n" in script
     assert script.count("/dev/aperture_devices/") == 8
+    assert "mknod -m 0666 /dev/dmabuf_import_helper c 1 3" in script
     script = cluster.standin_devices_script(ultra)
     assert "mknod -m 0666 /dev/infiniband/uverbs7 c 1 3" in script
     assert cluster.standin_devices_script(plain) == ""
