@@ -176,15 +176,17 @@ def gather(module, params, opener=_open_url, dmi_path=DMI_PRODUCT_NAME):
     layout["machine_type"] = None
     # Not asked again of a server that just failed nic0's question: choose() reports that one.
     failed = "error" in (layout["metadata"] or {})
+    # Asked for tcpxo and gib when set too (one that contradicts the machine type is refused);
+    # not for socket, which any machine type can use.
     if (
-        params.get("network_profile", "auto") == "auto"
+        params.get("network_profile", "auto") != "socket"
         and not failed
         and (mode == "always" or (mode == "auto" and layout["gce"]))
     ):
         answer = ask_metadata(
             params["metadata_url"], params["metadata_timeout"], opener, keys=("machine-type",)
         )
-        if "error" in answer and mode == "always":
+        if "error" in answer and mode == "always" and params.get("network_profile") == "auto":
             raise NicError(
                 "the GCE metadata server did not answer the machine type (%s): check "
                 "metadata_url, or give network_profile (socket, tcpxo or gib) instead of auto"

@@ -75,8 +75,9 @@ options:
   network_profile:
     description:
       - The NCCL transport to find the NICs for (see RV(network_profile)). V(auto) takes it from
-        the machine type, which it asks the GCE metadata server for (on a GCE VM, or anywhere
-        with O(gcp_metadata=always); never with O(gcp_metadata=never)); machine types without
+        the machine type, which it asks the GCE metadata server for, also to check a V(tcpxo) or
+        V(gib) that is set (on a GCE VM, or anywhere with O(gcp_metadata=always); never with
+        O(gcp_metadata=never)); machine types without
         GPU NICs, and hosts whose machine type is unknown, get V(socket).
       - V(tcpxo) (GPUDirect-TCPXO, A3 High and A3 Mega) and V(gib) (RDMA with Google's gIB
         plugin, A3 Ultra and A4) also find the control and GPU NICs, as Google's scripts do (by

@@ -14,6 +14,7 @@ from __future__ import absolute_import, division, print_function
 __metaclass__ = type
 
 import ast
+import hashlib
 import ipaddress
 import re
 
@@ -57,6 +58,14 @@ SCOPE_FIELDS = (
     "denied",
 )
 IMMUTABLE_FIELDS = ("network", "direction")
+# NIC types of RDMA NICs (RoCE VPCs take MRDMA, Falcon VPCs IRDMA) and the name Google's
+# blueprints give a RoCE VPC (DEPLOYMENT-rdma-net, network profile ZONE-vpc-roce): for a NIC
+# without nicType (the local cluster's API omits it) the name is what marks the network.
+RDMA_NIC_TYPES = ("MRDMA", "IRDMA")
+RDMA_NETWORK_RE = re.compile(r"(?:^|-)(?:rdma|roce)(?:-|$)")
+ROCE_DOC = "https://cloud.google.com/firewall/docs/firewall-for-roce"
+NETWORK_RULE_MAX = 63
+HASH_LENGTH = 8
 IAM_HINT = (
     "Grant the identity roles/compute.securityAdmin on the project (or a role with "
     "compute.firewalls.create, get, list, update, delete, compute.networks.updatePolicy and "
@@ -116,21 +125,122 @@ def _private(network):
     return network.version == 4 and any(network.subnet_of(p) for p in PRIVATE_NETWORKS)
 
 
+def _network_of(interface):
+    """An interface's network name: from the API's link, or from the {name, region, selfLink}
+    the gcp_compute inventory makes of it."""
+    link = interface.get("network")
+    if isinstance(link, dict):
+        return str(link.get("name") or str(link.get("selfLink") or "").rsplit("/", 1)[-1])
+    return str(link or "").rsplit("/", 1)[-1]
+
+
 def _addresses_on(interfaces, network):
     """The networkIP of each of a VM's interfaces on `network` (its name), or None when the
-    interfaces are not known (an inventory without the API's data). An interface's network is
-    the API's link, or the {name, region, selfLink} the gcp_compute inventory makes of it."""
+    interfaces are not known (an inventory without the API's data)."""
     if not isinstance(interfaces, (list, tuple)):
         return None
     found = []
     for interface in interfaces:
-        if not isinstance(interface, dict):
-            continue
-        link = interface.get("network")
-        name = link.get("name") if isinstance(link, dict) else str(link or "").rsplit("/", 1)[-1]
-        if name == network:
+        if isinstance(interface, dict) and _network_of(interface) == network:
             found.append(str(interface.get("networkIP")))
     return found
+
+
+# -- the rules for the nodes' other networks (a GPU machine type's VPCs) -----------------------
+
+
+def _rule_prefix(cluster):
+    """How every name of the cluster's per-network rules starts (CLUSTER-nodes, cut to leave
+    room for a hash)."""
+    return (cluster + "-nodes")[: NETWORK_RULE_MAX - 1 - HASH_LENGTH].rstrip("-")
+
+
+def _hashed_name(cluster, network):
+    digest = hashlib.sha256(network.encode("utf-8")).hexdigest()[:HASH_LENGTH]
+    return "%s-%s" % (_rule_prefix(cluster), digest)
+
+
+def network_rule_name(cluster, network):
+    """The name of the rule for the nodes' NICs on `network`: CLUSTER-nodes-TAIL, TAIL the
+    network's name less a leading CLUSTER- (a blueprint names its VPCs after its deployment:
+    cluster gpufw, network gpufw-gpu0 -> gpufw-nodes-gpu0; network net-1 -> gpufw-nodes-net-1).
+    When that is longer than GCE's 63 characters: CLUSTER-nodes cut to 54, a hyphen and the
+    first 8 hex digits of the network name's SHA-256. Both depend on the two names only."""
+    tail = network
+    if network.startswith(cluster + "-") and len(network) > len(cluster) + 1:
+        tail = network[len(cluster) + 1 :]
+    name = "%s-nodes-%s" % (cluster, tail)
+    if len(name) > NETWORK_RULE_MAX or not NAME_RE.match(name):
+        return _hashed_name(cluster, network)
+    return name
+
+
+def list_regex(cluster):
+    """An RE2 pattern that every rule name of the cluster matches (others may match too: the
+    description's mark tells which are the cluster's)."""
+    return "(?:%s-ssh|%s[-a-z0-9]*)" % (cluster, _rule_prefix(cluster))
+
+
+def _rdma(network, nics):
+    """Why `network` takes no VPC firewall rule (a RoCE or Falcon VPC), or None."""
+    types = sorted(set(str(n.get("nicType") or "").upper() for n in nics) - set([""]))
+    rdma = [t for t in types if t in RDMA_NIC_TYPES]
+    if rdma:
+        how = "its NICs are RDMA NICs (nicType %s)" % ", ".join(rdma)
+    elif not types and RDMA_NETWORK_RE.search(network):
+        how = "its name marks the RoCE VPC (DEPLOYMENT-rdma-net; the API gave no nicType)"
+    else:
+        return None
+    return (
+        "an RDMA VPC: %s. GCP takes no VPC firewall rules on a RoCE VPC; its ingress is allowed "
+        "implicitly, and only a regional network firewall policy of type RDMA_ROCE_POLICY, which "
+        "this role does not manage, filters it (%s)" % (how, ROCE_DOC)
+    )
+
+
+def _more_networks(primary, hosts, interfaces):
+    """The networks other than `primary` on which the hosts have NICs, by the Compute Engine
+    API: ({network: sorted /32 sources}, [{network, reason} skipped], notes, complete). complete:
+    every host's NICs are known, so a rule for a network none of them uses is stale."""
+    found, unknown = {}, []
+    for host in hosts:
+        nics = interfaces.get(host)
+        if not isinstance(nics, (list, tuple)):
+            unknown.append(host)
+            continue
+        for nic in nics:
+            if not isinstance(nic, dict):
+                continue
+            network = _network_of(nic)
+            if not network or network == primary:
+                continue
+            address = str(nic.get("networkIP") or "").strip()
+            try:
+                source = ipaddress.IPv4Network("%s/32" % address)
+            except ValueError:
+                raise FirewallError(
+                    "the Compute Engine API gives %s the address %r on network %s, not an IPv4 "
+                    "address (gcp_networkInterfaces): the rule for that network cannot name it"
+                    % (host, nic.get("networkIP"), network)
+                ) from None
+            found.setdefault(network, {"sources": set(), "nics": []})
+            found[network]["sources"].add(source)
+            found[network]["nics"].append(nic)
+    rules, skipped, notes = {}, [], []
+    for network in sorted(found):
+        reason = _rdma(network, found[network]["nics"])
+        if reason:
+            skipped.append({"network": network, "reason": reason})
+            notes.append("network %s: no rule, %s" % (network, reason))
+        else:
+            rules[network] = [str(n) for n in sorted(found[network]["sources"])]
+    if unknown and len(unknown) < len(hosts):
+        notes.append(
+            "the Compute Engine API's view of the NICs of %s is not known (host variable "
+            "gcp_networkInterfaces, from the gcp_compute inventory): the rules for the nodes' "
+            "other networks leave them out" % ", ".join(unknown)
+        )
+    return rules, skipped, notes, bool(hosts) and not unknown
 
 
 def _list(value, variable):
@@ -141,10 +251,11 @@ def _list(value, variable):
     return list(value)
 
 
-def description(cluster, role):
+def description(cluster, role, network=None):
     what = {
         "nodes": "all TCP/UDP and ICMP between its training nodes",
         "ssh": "SSH to its training nodes from the admin ranges",
+        "network": "all TCP/UDP and ICMP between its training nodes on network %s" % network,
     }[role]
     return "%s cluster %s: %s (role gcp_firewall)" % (MARKER, cluster, what)
 
@@ -158,16 +269,19 @@ def network_link(project, network):
     return "%sprojects/%s/global/networks/%s" % (API_LINK, project, network)
 
 
-def _rule(plan, role, allowed, sources, target_tags):
-    """A present rule: the module's options and the API resource they make."""
-    name = plan["names"][role]
-    text = description(plan["cluster"], role)
+def _rule(plan, role, allowed, sources, target_tags, network=None):
+    """A present rule: the module's options and the API resource they make. `network`: a rule
+    of role "network", for the nodes' NICs on that network (named in plan["networks"])."""
+    if network is None:
+        name, text, network = plan["names"][role], description(plan["cluster"], role), None
+    else:
+        name, text = plan["networks"][network], description(plan["cluster"], role, network)
     params = {
         "name": name,
         "description": text,
         "direction": "INGRESS",
         "priority": plan["priority"],
-        "network": {"selfLink": "global/networks/%s" % plan["network"]},
+        "network": {"selfLink": "global/networks/%s" % (network or plan["network"])},
         "allowed": [
             dict(ip_protocol=p, **({"ports": ports} if ports else {})) for p, ports in allowed
         ],
@@ -178,7 +292,7 @@ def _rule(plan, role, allowed, sources, target_tags):
         "description": text,
         "direction": "INGRESS",
         "priority": plan["priority"],
-        "network": network_link(plan["project"], plan["network"]),
+        "network": network_link(plan["project"], network or plan["network"]),
         "allowed": [
             dict(IPProtocol=p, **({"ports": ports} if ports else {})) for p, ports in allowed
         ],
@@ -192,7 +306,10 @@ def _rule(plan, role, allowed, sources, target_tags):
         if values:
             params[option] = list(values)
             want[field] = list(values)
-    return {"name": name, "role": role, "state": "present", "params": params, "want": want}
+    rule = {"name": name, "role": role, "state": "present", "params": params, "want": want}
+    if network:
+        rule["network"] = network
+    return rule
 
 
 def plan(settings):
@@ -228,6 +345,15 @@ def plan(settings):
         "network": _name(settings.get("network"), "gcp_firewall_network"),
         "priority": _int(settings.get("priority", 1000), "gcp_firewall_priority", 0, 65535),
         "names": dict((role, cluster + suffix) for role, suffix in SUFFIXES),
+        # The rules for the nodes' other networks (network -> rule name), the networks that get
+        # none and why, and lines for the report.
+        "networks": {},
+        "skipped_networks": [],
+        "notes": [],
+        # gcp_compute_firewall_info's filter: every rule of the cluster (and maybe others)
+        "list_filter": 'name eq "%s"' % list_regex(cluster),
+        # whether rules of the cluster that the plan does not name are to be deleted
+        "prune": state == "absent",
     }
     master_port = _int(settings.get("master_port", 29500), "llamafactory_master_port", 1, 65535)
     if state == "absent":
@@ -342,6 +468,21 @@ def plan(settings):
         rules.append(_rule(result, "ssh", [("tcp", [str(SSH_PORT)])], ssh_sources, target_tags))
     else:
         rules.append({"name": result["names"]["ssh"], "role": "ssh", "state": "absent"})
+
+    # The nodes' other networks (a GPU machine type's VPCs): one rule each, from the nodes'
+    # addresses there (network tags and gcp_firewall_ranges describe the primary network), to
+    # the same targets; an RDMA VPC gets none.
+    interfaces = settings.get("interfaces") or {}
+    hosts = sorted(set(settings.get("nodes") or {}) | set(interfaces))
+    more, skipped, notes, complete = _more_networks(result["network"], hosts, interfaces)
+    names = dict((n, network_rule_name(cluster, n)) for n in more)
+    alike = [n for n in names if list(names.values()).count(names[n]) > 1]
+    for network in alike:  # two networks with one tail (x-gpu0 and gpu0 in cluster x): hashed
+        names[network] = _hashed_name(cluster, network)
+    result.update(networks=names, skipped_networks=skipped, notes=notes, prune=complete)
+    for network in sorted(more):
+        sources = {"ranges": more[network]}
+        rules.append(_rule(result, "network", protocols, sources, target_tags, network))
     result["rules"] = rules
     return result
 
@@ -516,13 +657,41 @@ def drift(planned, resources):
         else:
             entry["action"], entry["changes"] = compare(rule["want"], current)
         rules.append(entry)
+    if planned.get("prune"):
+        # The cluster's other rules (its mark, a name of its pattern): rules for networks that
+        # its nodes no longer use, or every rule of the cluster when the state is absent.
+        pattern = re.compile(list_regex(planned["cluster"]))
+        named = set(r["name"] for r in planned["rules"])
+        for name in sorted(existing):
+            current = existing[name]
+            if name in named or not pattern.fullmatch(str(name)):
+                continue
+            if not owned(current, planned["cluster"]):
+                continue
+            why = "delete the rule"
+            if planned["state"] == "present":
+                why = (
+                    "delete the rule: no node has a NIC on its network %s now"
+                    % str(current.get("network", "")).rsplit("/", 1)[-1]
+                )
+            rules.append(
+                {
+                    "name": name,
+                    "role": "network",
+                    "state": "absent",
+                    "action": "delete",
+                    "changes": [why],
+                    "stale": planned["state"] == "present",
+                }
+            )
     changed = any(r["action"] not in ("none", "foreign") for r in rules)
     summary = []
     for entry in rules:
         line = "%s: %s" % (entry["name"], LABELS[entry["action"]])
-        if entry["changes"] and entry["action"] != "delete":
+        if entry["changes"] and (entry["action"] != "delete" or entry.get("stale")):
             line += " (%s)" % "; ".join(entry["changes"])
         summary.append(line)
+    summary.extend(planned.get("notes") or [])
     return {"rules": rules, "changed": changed, "foreign": foreign, "summary": summary}
 
 
@@ -575,6 +744,8 @@ def explain(result, context):
         result, item = failed[0], failed[0].get("item")
         if isinstance(item, dict) and item.get("name") and not context.get("rule"):
             context = dict(context, rule="the firewall rule %s" % item["name"])
+        if isinstance(item, dict) and item.get("network"):  # a rule for another network
+            context = dict(context, network=item["network"])
     msg = result.get("msg", "")
     text = msg if isinstance(msg, str) else repr(msg)
     stderr = str(result.get("module_stderr") or "")

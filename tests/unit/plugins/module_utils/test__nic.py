@@ -145,7 +145,7 @@ def params(**changes):
         "gcp_metadata": "auto",
         "metadata_url": "http://metadata.google.internal/computeMetadata/v1",
         "metadata_timeout": 2.0,
-        "network_profile": "socket",  # the machine type is asked only for auto (tested below)
+        "network_profile": "socket",  # the machine type is not asked for socket (tested below)
     }
     return {**base, **changes}
 
@@ -298,6 +298,27 @@ def test_machine_type_follows_gcp_metadata(dmi, product, mode, asked):
     )
     assert (MACHINE_TYPE_URL in [u for u, _h, _t in metadata.requests]) is asked
     assert layout["machine_type"] == ("a3-megagpu-8g" if asked else None)
+
+
+def test_a_set_profile_is_checked_against_the_machine_type(dmi):
+    metadata = FakeMetadata({"machine-type": "projects/1/machineTypes/a3-ultragpu-8g"})
+    layout, _peer = nic_host.gather(
+        FakeModule(load("gcp-debian12-ens4")),
+        params(peer="10.128.0.6", network_profile="tcpxo"),
+        opener=metadata,
+        dmi_path=dmi("Google Compute Engine"),
+    )
+    assert layout["machine_type"] == "a3-ultragpu-8g"
+    with pytest.raises(nic_host.network_profile.ProfileError, match="a3-ultragpu-8g uses gib"):
+        nic_host.profile_of(layout, "ens4", "tcpxo")
+    # Unanswered, a set profile goes on without the machine type.
+    layout, _peer = nic_host.gather(
+        FakeModule(load("gcp-debian12-ens4")),
+        params(peer="10.128.0.6", gcp_metadata="always", network_profile="gib"),
+        opener=FakeMetadata({"ip": "10.128.0.5", "mac": "42:01:0a:80:00:05"}),
+        dmi_path=dmi("Google Compute Engine"),
+    )
+    assert layout["machine_type"] is None
 
 
 def test_always_without_a_machine_type_answer_is_an_error(dmi):

@@ -470,3 +470,274 @@ def test_controller_problems():
         == "google.cloud's module failed while writing the firewall rule llamafactory-nodes: "
         "something else"
     )
+
+
+# -- the nodes' other networks (GPU machine types) ----------------------------------------------
+
+LINK = "https://www.googleapis.com/compute/v1/projects/hlf-test/"
+
+
+def nic(network, address, nic_type=None, held=True):
+    """A NIC as the gcp_compute inventory holds it (gcp_networkInterfaces): its network link
+    made {name, region, selfLink}, or (held=False) the API's link as it is."""
+    link = LINK + "global/networks/" + network
+    interface = {
+        "network": {"name": network, "region": None, "selfLink": link} if held else link,
+        "subnetwork": LINK + "regions/us-central1/subnetworks/" + network,
+        "networkIP": address,
+        "stackType": "IPV4_ONLY",
+    }
+    if nic_type:
+        interface["nicType"] = nic_type
+    return interface
+
+
+def a3_mega(index, held=True):
+    """An a3-megagpu-8g: nic0 on default, eight GPU NICs (GPUDirect-TCPXO), a VPC each."""
+    return [
+        nic("default", f"10.128.0.{5 + index}", "GVNIC", held),
+        *(nic(f"a3mega-gpunet-{g}", f"10.{g + 1}.0.{5 + index}", "GVNIC", held) for g in range(8)),
+    ]
+
+
+def a3_ultra(index, nic_types=True):
+    """An a3-ultragpu-8g: nic0 on default, nic1 on net-1 (gVNIC), eight RDMA NICs on the RoCE
+    VPC (a subnet each). nic_types=False: as the local cluster's API lists them, no nicType."""
+    return [
+        nic("default", f"10.128.0.{5 + index}", "GVNIC" if nic_types else None),
+        nic("a3ultra-net-1", f"10.9.0.{5 + index}", "GVNIC" if nic_types else None),
+        *(
+            nic("a3ultra-rdma-net", f"10.10.{g}.{5 + index}", "MRDMA" if nic_types else None)
+            for g in range(8)
+        ),
+    ]
+
+
+def pair(shape, **kwargs):
+    return {"trainer-0": shape(0, **kwargs), "trainer-1": shape(1, **kwargs)}
+
+
+def test_an_a3_mega_pair_gets_a_rule_per_gpu_vpc():
+    planned = fw.plan(settings(interfaces=pair(a3_mega)))
+    assert [(r["role"], r["name"]) for r in planned["rules"]] == [
+        ("nodes", "llamafactory-nodes"),
+        ("ssh", "llamafactory-ssh"),
+        *(("network", f"llamafactory-nodes-a3mega-gpunet-{g}") for g in range(8)),
+    ]
+    assert planned["networks"] == {
+        f"a3mega-gpunet-{g}": f"llamafactory-nodes-a3mega-gpunet-{g}" for g in range(8)
+    }
+    assert planned["skipped_networks"] == [] and planned["notes"] == []
+    assert planned["prune"] is True  # every node's NICs known
+    gpu3 = planned["rules"][2 + 3]
+    assert gpu3["network"] == "a3mega-gpunet-3"
+    assert gpu3["params"] == {
+        "name": "llamafactory-nodes-a3mega-gpunet-3",
+        "description": "hostnet.llamafactory cluster llamafactory: all TCP/UDP and ICMP between "
+        "its training nodes on network a3mega-gpunet-3 (role gcp_firewall)",
+        "direction": "INGRESS",
+        "priority": 1000,
+        "network": {"selfLink": "global/networks/a3mega-gpunet-3"},
+        "allowed": [
+            {"ip_protocol": "tcp", "ports": ["0-65535"]},
+            {"ip_protocol": "udp", "ports": ["0-65535"]},
+            {"ip_protocol": "icmp"},
+        ],
+        "source_ranges": ["10.4.0.5/32", "10.4.0.6/32"],  # their addresses on that network
+        "disabled": False,
+    }
+    assert gpu3["want"]["network"] == LINK + "global/networks/a3mega-gpunet-3"
+    # The primary rule is what it was without the API's view.
+    assert rule(planned, "nodes") == rule(fw.plan(settings()), "nodes")
+    # The API's links as they are (not the inventory's dicts): the same plan.
+    assert fw.plan(settings(interfaces=pair(a3_mega, held=False))) == planned
+
+
+def test_a_deployment_named_like_the_cluster_gives_short_names():
+    interfaces = {
+        "vm0": [nic("default", "198.18.3.2"), nic("gpufw-gpu0", "198.18.208.2")],
+        "vm1": [nic("default", "198.18.3.3"), nic("gpufw-gpu0", "198.18.208.3")],
+    }
+    nodes = {"vm0": "198.18.3.2", "vm1": "198.18.3.3"}
+    planned = fw.plan(settings(cluster="gpufw", nodes=nodes, interfaces=interfaces))
+    assert planned["networks"] == {"gpufw-gpu0": "gpufw-nodes-gpu0"}
+    assert planned["rules"][-1]["want"]["sourceRanges"] == ["198.18.208.2/32", "198.18.208.3/32"]
+
+
+def test_an_a3_ultra_pair_gets_net_1_and_no_rule_on_the_roce_vpc():
+    for nic_types in (True, False):
+        planned = fw.plan(settings(interfaces=pair(a3_ultra, nic_types=nic_types)))
+        assert [r["name"] for r in planned["rules"]] == [
+            "llamafactory-nodes",
+            "llamafactory-ssh",
+            "llamafactory-nodes-a3ultra-net-1",
+        ]
+        assert planned["rules"][-1]["want"]["sourceRanges"] == ["10.9.0.5/32", "10.9.0.6/32"]
+        (skipped,) = planned["skipped_networks"]
+        assert skipped["network"] == "a3ultra-rdma-net"
+        reason = skipped["reason"]
+        assert "GCP takes no VPC firewall rules on a RoCE VPC" in reason
+        assert "RDMA_ROCE_POLICY" in reason and fw.ROCE_DOC in reason
+        assert ("nicType MRDMA" in reason) == nic_types
+        assert ("its name marks the RoCE VPC" in reason) == (not nic_types)
+        assert planned["notes"] == [f"network a3ultra-rdma-net: no rule, {reason}"]
+        # the report says so
+        assert fw.drift(planned, [])["summary"][-1] == planned["notes"][0]
+
+
+def test_a_nic_type_decides_over_the_name():
+    interfaces = {"t": [nic("default", "10.128.0.5"), nic("my-rdma-lab", "10.3.0.5", "GVNIC")]}
+    planned = fw.plan(settings(nodes={"t": "10.128.0.5"}, interfaces=interfaces))
+    assert planned["networks"] == {"my-rdma-lab": "llamafactory-nodes-my-rdma-lab"}
+    interfaces["t"][1] = nic("lab", "10.3.0.5", "IRDMA")  # Falcon: no VPC rules either
+    planned = fw.plan(settings(nodes={"t": "10.128.0.5"}, interfaces=interfaces))
+    assert planned["networks"] == {}
+    assert "nicType IRDMA" in planned["skipped_networks"][0]["reason"]
+
+
+def test_plain_vms_plan_as_before():
+    plain = {
+        "trainer-0": [nic("default", "10.128.0.5")],
+        "trainer-1": [nic("default", "10.128.0.6")],
+    }
+    with_api = fw.plan(settings(interfaces=plain))
+    without = fw.plan(settings())
+    assert with_api["rules"] == without["rules"]
+    assert with_api["networks"] == without["networks"] == {}
+    assert (with_api["prune"], without["prune"]) == (True, False)
+    assert (
+        without["notes"] == []
+        and fw.drift(without, [])["summary"] == fw.drift(with_api, [])["summary"]
+    )
+
+
+def test_a_node_with_unknown_nics_is_said():
+    interfaces = {"trainer-0": a3_mega(0), "trainer-1": None}
+    planned = fw.plan(settings(interfaces=interfaces))
+    assert len(planned["networks"]) == 8 and planned["prune"] is False
+    assert planned["rules"][-1]["want"]["sourceRanges"] == ["10.8.0.5/32"]
+    assert planned["notes"] == [
+        "the Compute Engine API's view of the NICs of trainer-1 is not known (host variable "
+        "gcp_networkInterfaces, from the gcp_compute inventory): the rules for the nodes' other "
+        "networks leave them out"
+    ]
+
+
+def test_the_primary_network_is_any_of_them():
+    """Training over a GPU VPC (gcp_firewall_network): default becomes one of the others."""
+    nodes = {"trainer-0": "10.1.0.5", "trainer-1": "10.1.0.6"}
+    planned = fw.plan(settings(network="a3mega-gpunet-0", nodes=nodes, interfaces=pair(a3_mega)))
+    assert rule(planned, "nodes")["want"]["sourceRanges"] == ["10.1.0.5/32", "10.1.0.6/32"]
+    assert "default" in planned["networks"] and "a3mega-gpunet-0" not in planned["networks"]
+    assert len(planned["networks"]) == 8
+
+
+def test_sources_and_targets_in_the_other_modes():
+    """tag: the same target tag, but the nodes' addresses as sources; ranges likewise."""
+    for changes, targets in (
+        ({"source": "tag"}, ["llamafactory"]),
+        ({"source": "tag", "tag": "trainers"}, ["trainers"]),
+        ({"source": "ranges", "ranges": ["10.128.0.0/20"], "target_tags": ["gpu"]}, ["gpu"]),
+        ({"target_tags": ["gpu"]}, ["gpu"]),
+    ):
+        planned = fw.plan(settings(interfaces=pair(a3_mega), **changes))
+        gpu0 = planned["rules"][2]
+        assert gpu0["params"]["source_ranges"] == ["10.1.0.5/32", "10.1.0.6/32"]
+        assert "source_tags" not in gpu0["params"]
+        assert gpu0["params"]["target_tags"] == gpu0["want"]["targetTags"] == targets
+
+
+@pytest.mark.parametrize("cluster", ["llamafactory", "c" * 40, "c" * 50, "c" * 57, "a-b" * 19])
+def test_names_fit_gce_and_match_the_list_pattern(cluster):
+    import re
+
+    networks = ["a3mega-gpunet-0", "n" * 63, f"{cluster}-gpu0", "gpu0"]
+    interfaces = {
+        "t": [nic("default", "10.128.0.5")]
+        + [nic(n, f"10.{i + 1}.0.5") for i, n in enumerate(networks)]
+    }
+    planned = fw.plan(settings(cluster=cluster, nodes={"t": "10.128.0.5"}, interfaces=interfaces))
+    names = [r["name"] for r in planned["rules"]]
+    assert len(set(names)) == len(names) == 2 + len(networks)
+    pattern = re.compile(fw.list_regex(cluster))
+    assert planned["list_filter"] == f'name eq "{fw.list_regex(cluster)}"'
+    for name in names:
+        assert len(name) <= 63 and fw.NAME_RE.match(name), name
+        assert pattern.fullmatch(name), name
+    again = fw.plan(settings(cluster=cluster, nodes={"t": "10.128.0.5"}, interfaces=interfaces))
+    assert again == planned  # deterministic
+    # A name depends on its network alone (unless two tails are alike, as gpu0 here).
+    only = {"t": [nic("default", "10.128.0.5"), nic("a3mega-gpunet-0", "10.1.0.5")]}
+    alone = fw.plan(settings(cluster=cluster, nodes={"t": "10.128.0.5"}, interfaces=only))
+    assert alone["networks"]["a3mega-gpunet-0"] == planned["networks"]["a3mega-gpunet-0"]
+    assert fw.network_rule_name(cluster, "a3mega-gpunet-0") == alone["networks"]["a3mega-gpunet-0"]
+
+
+def test_two_networks_with_one_tail_get_hashed_names():
+    interfaces = {
+        "t": [nic("default", "10.128.0.5"), nic("x-gpu0", "10.1.0.5"), nic("gpu0", "10.2.0.5")]
+    }
+    planned = fw.plan(settings(cluster="x", nodes={"t": "10.128.0.5"}, interfaces=interfaces))
+    assert sorted(planned["networks"].values()) == sorted(
+        [fw._hashed_name("x", "x-gpu0"), fw._hashed_name("x", "gpu0")]
+    )
+    assert planned["networks"]["x-gpu0"] != planned["networks"]["gpu0"]
+
+
+def test_drift_on_gpu_networks_is_idempotent_and_cleans_up():
+    planned = fw.plan(settings(interfaces=pair(a3_mega)))
+    present = [created(r["want"]) for r in planned["rules"] if r["state"] == "present"]
+    first = fw.drift(planned, [])
+    assert [r["action"] for r in first["rules"]] == ["create", "none"] + ["create"] * 8
+    assert first["summary"][2] == (
+        "llamafactory-nodes-a3mega-gpunet-0: create (allow icmp:all, tcp:0-65535, udp:0-65535 "
+        "from 10.1.0.5/32, 10.1.0.6/32 on network a3mega-gpunet-0)"
+    )
+    assert not fw.drift(planned, present)["changed"]
+
+    # Another cluster's rule that the pattern finds, and a rule by hand: never touched.
+    theirs = created(
+        planned["rules"][2]["want"],
+        name="llamafactory-nodes-x-nodes",
+        description=fw.description("llamafactory-nodes-x", "nodes"),
+    )
+    by_hand = created(planned["rules"][2]["want"], name="llamafactory-nodes-mine", description="")
+    assert not fw.drift(planned, [*present, theirs, by_hand])["changed"]
+
+    # Cleanup: every rule of the cluster, whatever the nodes' NICs (no interfaces known).
+    absent = fw.plan(settings(state="absent", nodes={}))
+    result = fw.drift(absent, [*present, theirs, by_hand])
+    assert [(r["name"], r["action"]) for r in result["rules"]] == [
+        ("llamafactory-nodes", "delete"),
+        ("llamafactory-ssh", "none"),
+        *((f"llamafactory-nodes-a3mega-gpunet-{g}", "delete") for g in range(8)),
+    ]
+    assert result["summary"][2] == "llamafactory-nodes-a3mega-gpunet-0: delete"
+    assert not fw.drift(absent, [theirs, by_hand])["changed"]
+
+
+def test_a_rule_for_a_network_no_node_uses_now_is_deleted():
+    planned = fw.plan(settings(interfaces=pair(a3_mega)))
+    present = [created(r["want"]) for r in planned["rules"] if r["state"] == "present"]
+    plain = {
+        "trainer-0": [nic("default", "10.128.0.5")],
+        "trainer-1": [nic("default", "10.128.0.6")],
+    }
+    now = fw.plan(settings(interfaces=plain))
+    result = fw.drift(now, present)
+    assert [r["action"] for r in result["rules"]] == ["none", "none"] + ["delete"] * 8
+    assert result["summary"][2] == (
+        "llamafactory-nodes-a3mega-gpunet-0: delete (delete the rule: no node has a NIC on its "
+        "network a3mega-gpunet-0 now)"
+    )
+    # Without the API's view of every node, nothing is known to be stale: left as it is.
+    assert not fw.drift(fw.plan(settings()), present)["changed"]
+
+
+def test_a_failed_rule_names_its_network():
+    item = {"name": "llamafactory-nodes-a3mega-gpunet-0", "network": "a3mega-gpunet-0"}
+    message = "The resource 'projects/hlf-test/global/networks/a3mega-gpunet-0' was not found"
+    failed = dict(google(404, "notFound", message), item=item)
+    context = dict(CONTEXT, rule=None)
+    text = fw.explain({"results": [failed]}, context)
+    assert text.startswith("The VPC network a3mega-gpunet-0 (gcp_firewall_network=a3mega-gpunet-0)")
