@@ -17,6 +17,14 @@ description:
     from the nodes' internal addresses as /32 ranges, from a network tag (source and target), or
     from given private subnet ranges. The SSH rule C(CLUSTER-ssh): tcp 22 from admin ranges, or
     absent when none are given."
+  - "For every other network on which the nodes have NICs by the Compute Engine API's view
+    (C(interfaces); a GPU machine type's VPCs: A3 High/Mega's GPU NICs, A3 Ultra/A4's second
+    gVNIC), one more rule like the nodes rule, C(CLUSTER-nodes-TAIL) (TAIL the network's name
+    less a leading C(CLUSTER-); cut and ended with a hash of the network's name when longer
+    than 63 characters), from the nodes' addresses on that network as /32 ranges, with the nodes
+    rule's target tags. RDMA VPCs (a NIC of nicType MRDMA or IRDMA, or, without a nicType, a
+    network named like C(DEPLOYMENT-rdma-net)) get none: RoCE VPCs take no VPC firewall rules;
+    C(skipped_networks) and C(notes) say so."
   - Fails, naming the variable and the fix, on 0.0.0.0/0 or ::/0 in any spelling, on a non-private
     source for the nodes rule (it would publish MASTER_PORT beyond the cluster), on an SSH rule
     when MASTER_PORT is 22, on a node without a known internal address, on a node whose address
@@ -60,9 +68,29 @@ _value:
     rules:
       description:
         - One per rule name; C(state) present or absent, C(params) (the module's options) and
-          C(want) (the API resource) for present ones.
+          C(want) (the API resource) for present ones; a rule for another network has C(role)
+          C(network) and C(network) (its name).
       type: list
       elements: dict
+    networks:
+      description: The nodes' other networks that get a rule, each with the rule's name.
+      type: dict
+    skipped_networks:
+      description: The nodes' other networks that get no rule, each with C(network) and C(reason).
+      type: list
+      elements: dict
+    notes:
+      description: Lines for the report (the skipped networks; nodes whose NICs are not known).
+      type: list
+      elements: str
+    list_filter:
+      description: The list filter (C(name eq "RE2")) that finds every rule of the cluster.
+      type: str
+    prune:
+      description:
+        - Whether the cluster's rules that the plan does not name are deleted - with state absent,
+          and when every node's NICs are known (a rule for a network no node uses now).
+      type: bool
 """
 
 from ansible.errors import AnsibleFilterError
