@@ -51,6 +51,8 @@ SOURCES = {
     "chs-nccl": _CHS + "@20b8492cdb0849e0f7d49e8ccad810dc601e1304:"
     "deploy/helm/health_checks/nccl_healthcheck/{a3,a3plus,a3ultra,a4}.yaml (BANDWIDTH_THRESHOLD), "
     "compared in src/nccl_healthcheck/nccl_startup.py@1751be84",
+    "gcp-nccl-vms": "https://docs.cloud.google.com/ai-hypercomputer/docs/nccl/test-vms "
+    "(Enable NCCL/gIB: the INFO line 'Using network gIB')",
     "dstack-gcp": "dstackai/dstack@1dc61213578c80204db94d60f36ebdd9ae90ca77:"
     "examples/clusters/gcp/README.md",
 }
@@ -163,6 +165,12 @@ EXPECTED_BUSBW = {
         "size": 8 << 30,
     },
 }
+
+# The network NCCL names in its INFO log ("NCCL INFO Using network X") when the profile's
+# plugin is in use: gIB as Google's "Run NCCL on Compute Engine instances" shows it (gcp-nccl-vms);
+# FasTrak, the TCPXO plugin's network (its NCCL_FASTRAK_* variables); Socket, NCCL's own TCP.
+NCCL_NETWORKS = {"socket": "Socket", "tcpxo": "FasTrak", "gib": "gIB"}
+SWEEP_FROM = 256 << 20  # the smoke test's sweep starts here and doubles up to `size`
 
 _PCI_SLOT = re.compile(r"^[0-9a-f]{4}:[0-9a-f]{2}:[0-9a-f]{2}\.[0-7]$")
 # A host (gVNIC) NIC's slot on bus 0, as nccl-env-profile.sh tells it from the GPU NICs.
@@ -396,3 +404,16 @@ def rank_setup(profile, primary, control=(), gpu=(), plugin_dir=None):
         "devices": devices,
         "paths": paths,
     }
+
+
+def expected_bandwidth(machine_type, profile):
+    """What the smoke test measures against on `machine_type` with `profile`: the collective,
+    its sweep (bytes, doubling up to the size the figures were measured at), the pass mark and
+    the published figure (GB/s busbw); None for the socket profile or an unknown type."""
+    figures = EXPECTED_BUSBW.get(machine_type or "")
+    if profile == "socket" or not figures:
+        return None
+    sweep = [SWEEP_FROM]
+    while sweep[-1] < figures["size"]:
+        sweep.append(sweep[-1] * 2)
+    return dict(figures, sweep_bytes=sweep, gpus=MACHINE_TYPES[machine_type]["gpus"])

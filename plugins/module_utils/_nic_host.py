@@ -222,7 +222,13 @@ def profile_of(layout, chosen, requested):
         profile = "socket"
     setup = network_profile.rank_setup(profile, chosen, found["control"], found["gpu"])
     return dict(
-        found, profile=profile, why=why, machine_type=layout.get("machine_type"), setup=setup
+        found,
+        profile=profile,
+        why=why,
+        machine_type=layout.get("machine_type"),
+        setup=setup,
+        nccl_network=network_profile.NCCL_NETWORKS[profile],
+        expected=network_profile.expected_bandwidth(layout.get("machine_type"), profile),
     )
 
 

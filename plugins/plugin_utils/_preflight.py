@@ -10,6 +10,7 @@ from __future__ import absolute_import, division, print_function
 __metaclass__ = type
 
 import json
+import re
 
 GB = 1000**3
 
@@ -412,3 +413,85 @@ def versions_line(reports):
                     parts.append("%s %s" % (name, packages[name]))
             return ", ".join(parts)
     return None
+
+
+_USING_NETWORK = re.compile(r"NCCL INFO Using network (\S+)")
+
+
+def smoke_verdict(result, log_lines, network=None, expected=None, gpus_per_node=0):
+    """The smoke test's verdict on rank 0's output: findings (NCCL did not use the profile's
+    network: the right environment on plain sockets is a failure), warnings (bus bandwidth under
+    the machine type's pass mark) and the report's line. result: the smoke JSON; network: the
+    NCCL network the profile needs (Socket, FasTrak, gIB); expected: primary_nic's
+    network_profile.expected (None where nothing is known)."""
+    found, warnings = [], []
+    used = [m.group(1) for m in (_USING_NETWORK.search(line) for line in log_lines) if m]
+    nccl = (result or {}).get("backend") == "nccl"
+    if nccl and network and network != "Socket":
+        if not used:
+            found.append(
+                _finding(
+                    "nccl-network-unseen",
+                    "NCCL's INFO log of the smoke test names no network (no 'Using network' "
+                    "line): it cannot be told whether %s was used" % network,
+                    "keep NCCL_DEBUG unset in llamafactory_env (the smoke test sets INFO), and "
+                    "check the smoke container's log",
+                )
+            )
+        elif any(name != network for name in used):
+            others = sorted(set(name for name in used if name != network))
+            found.append(
+                _finding(
+                    "network-plugin-not-used",
+                    "NCCL used %s, not %s: the profile's plugin did not load and NCCL fell back "
+                    "(the job would run at a fraction of the network)"
+                    % (", ".join(others), network),
+                    "read the NCCL INFO lines before 'Using network' in the smoke test's log: the "
+                    "plugin's folder and LD_LIBRARY_PATH (host setup, role nccl_plugin), RxDM "
+                    "running (tcpxo), the RDMA devices (gib)",
+                )
+            )
+    if not result:
+        return {"findings": found, "warnings": warnings, "line": ""}
+    line = "%s of %.1f MB across %s ranks (%s): bus bandwidth %s GB/s (algorithm %s GB/s)" % (
+        result.get("collective", "all_reduce"),
+        result["bytes"] / 1e6,
+        result["world_size"],
+        result["backend"],
+        result["busbw_GBps"],
+        result["algbw_GBps"],
+    )
+    if used:
+        line += "; NCCL network %s" % used[-1]
+    comparable = (
+        nccl
+        and expected
+        and result.get("collective") == expected.get("collective")
+        and result["bytes"] >= expected["size"] * 0.99
+        and int(gpus_per_node or 0) == int(expected.get("gpus") or 0)
+    )
+    if comparable:
+        busbw = float(result["busbw_GBps"])
+        line += "; %.0f%% of the pass mark %s GB/s" % (
+            100 * busbw / expected["threshold"],
+            expected["threshold"],
+        )
+        if expected.get("published"):
+            line += ", %.0f%% of the published %s GB/s" % (
+                100 * busbw / expected["published"],
+                expected["published"],
+            )
+        if busbw < expected["threshold"]:
+            warnings.append(
+                "bus bandwidth %s GB/s is under the pass mark %s GB/s of Google's "
+                "cluster-health-scanner for this machine type (%s at %d GiB): check the GPU NICs "
+                "(MTU, count), compact placement, and the plugin's version"
+                % (busbw, expected["threshold"], expected["collective"], expected["size"] >> 30)
+            )
+    elif expected and nccl:
+        line += " (no fraction: the pass mark is for %s at %d GiB on nodes of %s GPUs)" % (
+            expected["collective"],
+            expected["size"] >> 30,
+            expected.get("gpus"),
+        )
+    return {"findings": found, "warnings": warnings, "line": line}

@@ -23,8 +23,9 @@ PLAYBOOK = """
 """
 
 
-def prelude(tmp_path, setup):
-    """preflight_smoke_network rendered for `setup` (llamafactory_network_setup)."""
+def prelude(tmp_path, setup, gpus=0):
+    """preflight_smoke_network rendered for `setup` (llamafactory_network_setup) on a node
+    with `gpus` GPUs."""
     out = tmp_path / "prelude.sh"
     playbook = tmp_path / "render.yml"
     playbook.write_text(PLAYBOOK.format(vars=ROOT / "roles/preflight/vars/main.yml", out=out))
@@ -33,7 +34,7 @@ def prelude(tmp_path, setup):
             str(Path(sys.executable).with_name("ansible-playbook")),
             str(playbook),
             "-e",
-            json.dumps({"llamafactory_network_setup": setup}),
+            json.dumps({"llamafactory_network_setup": setup, "llamafactory_gpus_per_node": gpus}),
         ],
         capture_output=True,
         text=True,
@@ -68,7 +69,11 @@ def script(tmp_path_factory):
 
 
 def test_the_script_is_sourced_under_the_containers_values(tmp_path, script):
-    setup = {"env_script": script, "library_path": ["/var/lib/tcpxo/lib64", "/usr/lib/x"]}
+    setup = {
+        "profile": "tcpxo",
+        "env_script": script,
+        "library_path": ["/var/lib/tcpxo/lib64", "/usr/lib/x"],
+    }
     text = prelude(tmp_path, setup)
     env = {
         "PATH": os.environ["PATH"],
@@ -86,11 +91,21 @@ def test_the_script_is_sourced_under_the_containers_values(tmp_path, script):
 
 
 def test_a_missing_script_stops_the_smoke_test_naming_it(tmp_path):
-    setup = {"env_script": str(tmp_path / "absent.sh"), "library_path": []}
+    setup = {"profile": "gib", "env_script": str(tmp_path / "absent.sh"), "library_path": []}
     done = run(prelude(tmp_path, setup), {"PATH": os.environ["PATH"]})
     assert done.returncode == 3
     assert "absent.sh is not on this node" in done.stderr
 
 
 def test_the_socket_profile_adds_nothing(tmp_path):
-    assert prelude(tmp_path, {"env_script": None, "library_path": []}).strip() == ""
+    socket = {"profile": "socket", "env_script": None, "library_path": []}
+    assert prelude(tmp_path, socket, gpus=8).strip() == ""
+
+
+def test_gpu_nodes_of_a_plugin_profile_log_nccls_network(tmp_path, script):
+    # NCCL's INFO lines name the network it used: the verdict reads them (test__preflight.py).
+    setup = {"profile": "gib", "env_script": script, "library_path": []}
+    done = run(prelude(tmp_path, setup, gpus=8), {"PATH": os.environ["PATH"]})
+    got = dict(line.split("=", 1) for line in done.stdout.splitlines() if "=" in line)
+    assert (got["NCCL_DEBUG"], got["NCCL_DEBUG_SUBSYS"]) == ("INFO", "INIT,NET")
+    assert "NCCL_DEBUG=" not in run(prelude(tmp_path, setup, gpus=0), {}).stdout

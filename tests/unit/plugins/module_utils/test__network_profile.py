@@ -193,3 +193,17 @@ def test_the_training_nic_is_the_control_nic_of_last_resort():
     assert reasons["ens4"] == "the training NIC (the route to the peers, or nic0)"
     with pytest.raises(profiles.ProfileError, match="no control NIC found"):
         profiles.find_nics("tcpxo", "a3-megagpu-8g", layout)
+
+
+def test_expected_bandwidth_sweeps_up_to_the_published_size():
+    expected = profiles.expected_bandwidth("a3-megagpu-8g", "tcpxo")
+    assert expected["sweep_bytes"] == [(256 << 20) << i for i in range(6)]
+    assert expected["sweep_bytes"][-1] == expected["size"] == 8 << 30
+    assert (expected["collective"], expected["threshold"], expected["gpus"]) == (
+        "all_gather",
+        90,
+        8,
+    )
+    assert profiles.expected_bandwidth("a3-megagpu-8g", "socket") is None
+    assert profiles.expected_bandwidth("n2-standard-4", "socket") is None
+    assert profiles.NCCL_NETWORKS == {"socket": "Socket", "tcpxo": "FasTrak", "gib": "gIB"}

@@ -291,3 +291,62 @@ def test_nodes_of_different_machine_types_and_a_fallback_to_sockets_are_named():
     assert [f["id"] for f in found] == ["gpu-nics-missing", "machine-types-differ"]
     assert "set llamafactory_network_profile=socket" in found[0]["fix"]
     assert "vm0 a3-megagpu-8g, vm1 a3-highgpu-8g" in found[1]["cause"]
+
+
+# -- the smoke test's verdict (smoke_verdict) ------------------------------------------------
+
+A3_MEGA = {
+    "collective": "all_gather",
+    "threshold": 90,
+    "published": 188.5,
+    "size": 8 << 30,
+    "gpus": 8,
+    "sweep_bytes": [256 << 20, 8 << 30],
+}
+
+
+def smoke(busbw, collective="all_gather", size=8 << 30, backend="nccl"):
+    return {
+        "world_size": 16,
+        "backend": backend,
+        "collective": collective,
+        "bytes": size,
+        "busbw_GBps": busbw,
+        "algbw_GBps": round(busbw * 16 / 15, 3),
+    }
+
+
+# As NCCL logs them (the gIB line as Google's "Run NCCL on Compute Engine instances" shows it).
+FASTRAK = ["a3mega-vm-0:606:642 [0] NCCL INFO Using network FasTrak"]
+SOCKET = ["a3mega-vm-0:606:642 [0] NCCL INFO Using network Socket"]
+
+
+def test_the_profiles_network_in_use_passes_with_its_fraction_of_the_pass_mark():
+    verdict = preflight.smoke_verdict(smoke(150.0), FASTRAK, "FasTrak", A3_MEGA, 8)
+    assert verdict["findings"] == [] and verdict["warnings"] == []
+    assert "NCCL network FasTrak" in verdict["line"]
+    assert "167% of the pass mark 90 GB/s, 80% of the published 188.5 GB/s" in verdict["line"]
+
+
+def test_plain_sockets_under_a_plugin_profile_fail():
+    verdict = preflight.smoke_verdict(smoke(3.1), SOCKET, "FasTrak", A3_MEGA, 8)
+    assert [f["id"] for f in verdict["findings"]] == ["network-plugin-not-used"]
+    assert verdict["findings"][0]["cause"].startswith("NCCL used Socket, not FasTrak")
+    assert "role nccl_plugin" in verdict["findings"][0]["fix"]
+    unseen = preflight.smoke_verdict(smoke(3.1), [], "gIB", None, 8)
+    assert [f["id"] for f in unseen["findings"]] == ["nccl-network-unseen"]
+
+
+def test_under_the_pass_mark_is_a_warning_and_other_shapes_get_no_fraction():
+    low = preflight.smoke_verdict(smoke(60.0), FASTRAK, "FasTrak", A3_MEGA, 8)
+    assert low["findings"] == []
+    assert "under the pass mark 90 GB/s" in low["warnings"][0]
+    other = preflight.smoke_verdict(smoke(60.0), FASTRAK, "FasTrak", A3_MEGA, 4)
+    assert other["warnings"] == [] and "no fraction" in other["line"]
+    cpu = preflight.smoke_verdict(smoke(1.2, "all_reduce", 64_000_000, "gloo"), [], "Socket")
+    assert cpu == {
+        "findings": [],
+        "warnings": [],
+        "line": "all_reduce of 64.0 MB across 16 ranks (gloo): bus bandwidth 1.2 GB/s "
+        "(algorithm 1.28 GB/s)",
+    }
