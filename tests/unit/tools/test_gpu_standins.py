@@ -90,7 +90,12 @@ def docker_works():
     if not shutil.which("docker"):
         return False
     try:
-        return subprocess.run(["docker", "info"], capture_output=True, timeout=30).returncode == 0
+        return (
+            subprocess.run(
+                ["docker", "info"], capture_output=True, timeout=30, check=False
+            ).returncode
+            == 0
+        )
     except subprocess.TimeoutExpired:
         return False
 
@@ -123,7 +128,7 @@ def containers():
 
     yield name
     if made:
-        subprocess.run(["docker", "rm", "-f", *made], capture_output=True, timeout=60)
+        subprocess.run(["docker", "rm", "-f", *made], capture_output=True, timeout=60, check=False)
 
 
 @pytest.fixture
@@ -141,6 +146,7 @@ def var_lib(tmp_path, built):
             ],
             capture_output=True,
             timeout=60,
+            check=False,
         )
 
 
@@ -290,7 +296,7 @@ def test_tcpxo_profile_finds_the_nics_by_pci_address(var_lib, containers, tmp_pa
             (sysfs / netdev / "device").mkdir()
             uevent = f"DRIVER=gve\nPCI_CLASS=20000\nPCI_SLOT_NAME={slot}\n"
             (sysfs / netdev / "device" / "uevent").write_text(uevent)
-    changed, _ = env_after(
+    changed, _output = env_after(
         containers(),
         TCPXO,
         ["-v", f"{var_lib}/tcpxo:/var/lib/tcpxo:ro", "-v", f"{sysfs}:/sys/class/net:ro"],

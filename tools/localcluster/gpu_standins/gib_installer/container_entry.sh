@@ -1,4 +1,4 @@
-#!/bin/bash
+#!/usr/bin/env bash
 # stand-in for the local cluster; not Google's.
 # Stands in for /scripts/container_entry.sh of
 # us-docker.pkg.dev/gce-ai-infra/gpudirect-gib/nccl-plugin-gib:v1.1.0, the installer of Google's

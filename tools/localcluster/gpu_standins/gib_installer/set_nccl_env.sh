@@ -1,3 +1,4 @@
+# shellcheck shell=sh
 # stand-in for the local cluster; not Google's.
 # Stands in for /var/lib/gib/scripts/set_nccl_env.sh, written by the gIB plugin installer
 # (us-docker.pkg.dev/gce-ai-infra/gpudirect-gib/nccl-plugin-gib:v1.1.0). Google's script is not

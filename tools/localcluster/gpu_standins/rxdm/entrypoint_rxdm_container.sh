@@ -1,4 +1,4 @@
-#!/bin/bash
+#!/usr/bin/env bash
 # stand-in for the local cluster; not Google's.
 # Stands in for /fts/entrypoint_rxdm_container.sh of
 # us-docker.pkg.dev/gce-ai-infra/gpudirect-tcpxo/tcpgpudmarxd-dev:v1.0.21, the GPUDirect-TCPXO

@@ -1,4 +1,4 @@
-#!/bin/bash
+#!/usr/bin/env bash
 # stand-in for the local cluster; not Google's.
 # Stands in for /scripts/container_entry.sh of
 # us-docker.pkg.dev/gce-ai-infra/gpudirect-tcpxo/nccl-plugin-gpudirecttcpx-dev:v1.0.15, the

@@ -1,3 +1,4 @@
+# shellcheck shell=bash
 # stand-in for the local cluster; not Google's.
 # Stands in for nccl-env-profile.sh of the GPUDirect-TCPXO plugin installer
 # (us-docker.pkg.dev/gce-ai-infra/gpudirect-tcpxo/nccl-plugin-gpudirecttcpx-dev:v1.0.15), which
