@@ -12,6 +12,8 @@ __metaclass__ = type
 import json
 import re
 
+from ansible_collections.hostnet.llamafactory.plugins.module_utils import _gpu_health
+
 GB = 1000**3
 
 
@@ -160,6 +162,52 @@ def _profile_findings(host, node, report):
     return found
 
 
+def image_cuda(torch_version):
+    """The CUDA version a PyTorch wheel is built for, from its local version: '2.6.0+cu124' ->
+    '12.4', '2.1.0+cu118' -> '11.8'; None when it does not say (PyPI's default wheels, CPU)."""
+    match = re.search(r"\+cu(\d+)(\d)$", str(torch_version or ""))
+    return "%s.%s" % match.groups() if match else None
+
+
+def _gpu_health_findings(host, entry):
+    """The node's GPU health (the module hostnet.llamafactory.gpu_health's result in
+    entry['gpu_health'], None where it did not run): its error findings, the cause prefixed with
+    the host (warnings and notes are printed on the node and do not stop the launch); the driver
+    against the CUDA version of the image's PyTorch (from the probe's report) when the module was
+    not told it."""
+    result = (entry or {}).get("gpu_health")
+    if not isinstance(result, dict) or result.get("skipped"):
+        return []
+    if result.get("failed") or "findings" not in result:
+        return [
+            _finding(
+                "gpu-health-failed",
+                "the GPU health check could not run on %s: %s"
+                % (host, " ".join(str(result.get("msg") or "no result").split())[:300]),
+                "run it by hand (ansible HOST -b -m hostnet.llamafactory.gpu_health) and fix what "
+                "it says, or set preflight_gpu_health=false",
+            )
+        ]
+    found = [
+        _finding(item.get("id"), "%s: %s" % (host, item.get("detail")), item.get("fix"))
+        for item in result.get("findings") or []
+        if item.get("level") == "error"
+    ]
+    torch = ((parse(entry).get("report") or {}).get("packages") or {}).get("torch")
+    known = set(item.get("id") for item in result.get("findings") or [])
+    if image_cuda(torch) and "driver-older-than-image-cuda" not in known:
+        driver = {
+            "driver_version": result.get("driver_version"),
+            "cuda_version": result.get("cuda_version"),
+            "gpus": [],
+        }
+        for item in _gpu_health.check(driver, kernel_log="", image_cuda=image_cuda(torch)):
+            if item["level"] == "error":
+                cause = "%s: %s (torch %s)" % (host, item["detail"], torch)
+                found.append(_finding(item["id"], cause, item["fix"]))
+    return found
+
+
 def findings(
     reports,
     nodes,
@@ -185,6 +233,7 @@ def findings(
                 )
             )
         found += _profile_findings(host, nodes[host], (reports.get(host) or {}))
+        found += _gpu_health_findings(host, reports.get(host))
         listener = (reports.get(host) or {}).get("listener") or {}
         problem = _listener_problem(host, nodes[host], listener, master_port, probe_port)
         if problem:

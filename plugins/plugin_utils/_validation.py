@@ -595,6 +595,7 @@ _add("preflight_port", "int", "preflight", nullable=True, low=1024, high=65535)
 _add("preflight_min_free_gb", "float", "preflight", default=10, low=0)
 _add("preflight_smoke_test", "bool", "preflight", default=True)
 _add("preflight_smoke_size_mb", "float", "preflight", default=64, low=0.001)
+_add("preflight_gpu_health", "bool", "preflight", default=True)
 _add("preflight_doctor_container", "str", "preflight", default="", check=_container)
 
 _add("launch_restart_on_change", "bool", "launch", default=False)

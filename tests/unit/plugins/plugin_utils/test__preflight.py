@@ -7,6 +7,7 @@ import json
 from pathlib import Path
 
 import pytest
+from ansible_collections.hostnet.llamafactory.plugins.module_utils import _gpu_health
 from ansible_collections.hostnet.llamafactory.plugins.plugin_utils import _preflight as preflight
 
 FIXTURES = Path(__file__).resolve().parents[2] / "fixtures" / "preflight"
@@ -291,6 +292,120 @@ def test_nodes_of_different_machine_types_and_a_fallback_to_sockets_are_named():
     assert [f["id"] for f in found] == ["gpu-nics-missing", "machine-types-differ"]
     assert "set llamafactory_network_profile=socket" in found[0]["fix"]
     assert "vm0 a3-megagpu-8g, vm1 a3-highgpu-8g" in found[1]["cause"]
+
+
+# -- each node's GPU health (module gpu_health, roles/preflight/tasks/gpu_health.yml) -------
+
+GPU_FIXTURES = FIXTURES.parent / "gpu_health"
+
+
+def gpu_health(xml, kernel_log="", **options):
+    """What the module gpu_health returns for a node whose nvidia-smi -q -x prints `xml` (a
+    capture of tests/unit/fixtures/gpu_health) and whose kernel log is `kernel_log`."""
+    smi = _gpu_health.parse_smi_xml((GPU_FIXTURES / xml).read_text())
+    found = _gpu_health.check(smi, kernel_log, **options)
+    return {
+        "changed": False,
+        "driver_version": smi["driver_version"],
+        "cuda_version": smi["cuda_version"],
+        "gpus": smi["gpus"],
+        "findings": found,
+        "errors": len([f for f in found if f["level"] == "error"]),
+        "kernel_log": "unread" if kernel_log is None else "read",
+        "dcgm": "absent",
+    }
+
+
+def test_a_nodes_gpu_health_errors_are_findings_its_warnings_and_notes_are_not():
+    data, reports = case("healthy")
+    xids = (GPU_FIXTURES / "kernel-xid.log").read_text().splitlines()
+    # vm0: persistence off (a warning) and application Xids (notes): nothing stops the launch.
+    reports["vm0"]["gpu_health"] = gpu_health("a10g-515.105.01.xml", "\n".join(xids[:5]))
+    assert [f["level"] for f in reports["vm0"]["gpu_health"]["findings"]] == ["warning"] + [
+        "note"
+    ] * 4
+    assert verdict(data, reports) == []
+    # vm1: uncorrected ECC errors, a pending page retirement and the GPU fallen off the bus.
+    reports["vm1"]["gpu_health"] = gpu_health(
+        "v100-sxm3-32gb-410.104.xml", "\n".join(xids[:6]), expected_gpus=1
+    )
+    found = verdict(data, reports)
+    assert [f["id"] for f in found] == ["ecc-uncorrected", "page-retirement-pending", "xid-79"]
+    assert found[0]["cause"].startswith("vm1: GPU 0 (Tesla V100-SXM3-32GB")
+    assert "1 uncorrected ECC error(s) since the driver loaded" in found[0]["cause"]
+    assert "stop and start the VM" in found[0]["fix"]
+    assert found[2]["cause"].startswith("vm1: Xid 79 on 0000:05:00")
+    # An unread kernel log is a warning: reported on the node, not a finding.
+    reports["vm1"]["gpu_health"] = gpu_health("a10g-515.105.01.xml", None)
+    assert verdict(data, reports) == []
+
+
+@pytest.mark.parametrize("result", [None, {"skipped": True, "changed": False}])
+def test_a_node_without_a_gpu_health_check_has_no_finding(result):
+    data, reports = case("healthy")
+    reports["vm1"]["gpu_health"] = result
+    assert verdict(data, reports) == []
+
+
+def test_a_gpu_health_check_that_could_not_run_is_named():
+    data, reports = case("healthy")
+    reports["vm1"]["gpu_health"] = {"failed": True, "msg": "/usr/bin/python3: not found"}
+    found = verdict(data, reports)
+    assert [f["id"] for f in found] == ["gpu-health-failed"]
+    assert "could not run on vm1: /usr/bin/python3: not found" in found[0]["cause"]
+    assert "preflight_gpu_health=false" in found[0]["fix"]
+
+
+def test_a_nodes_missing_driver_is_named_with_the_installer():
+    data, reports = case("healthy")
+    reports["vm0"]["gpu_health"] = {
+        "changed": False,
+        "gpus": [],
+        "findings": [
+            {
+                "level": "error",
+                "id": "nvidia-smi-missing",
+                "gpu": None,
+                "detail": "nvidia-smi is not installed: this node has no NVIDIA driver",
+                "fix": "install the NVIDIA driver - cuda_installer.pyz install_driver",
+            }
+        ],
+    }
+    found = verdict(data, reports)
+    assert [f["id"] for f in found] == ["nvidia-smi-missing"]
+    assert found[0]["cause"] == "vm0: nvidia-smi is not installed: this node has no NVIDIA driver"
+
+
+@pytest.mark.parametrize(
+    ("torch", "cuda"),
+    [
+        ("2.6.0+cu124", "12.4"),
+        ("2.1.0+cu118", "11.8"),
+        ("2.9.0+cu130", "13.0"),
+        ("2.6.0", None),
+        ("2.6.0+cpu", None),
+        (None, None),
+    ],
+)
+def test_image_cuda_from_the_torch_version(torch, cuda):
+    assert preflight.image_cuda(torch) == cuda
+
+
+def test_the_driver_against_the_images_pytorch_cuda():
+    data, reports = case("healthy")
+    for host in ("vm0", "vm1"):
+        reports[host]["report"]["packages"] = {"llamafactory": "0.9.5", "torch": "2.6.0+cu124"}
+        reports[host]["gpu_health"] = gpu_health("a10g-515.105.01.xml")  # CUDA 11.7
+    reports["vm0"]["gpu_health"]["cuda_version"] = "12.2"  # same major: a warning, not here
+    found = verdict(data, reports)
+    assert [f["id"] for f in found] == ["driver-older-than-image-cuda"]
+    assert found[0]["cause"] == (
+        "vm1: driver 515.105.01 supports CUDA up to 11.7, the image is built for CUDA 12.4 "
+        "(torch 2.6.0+cu124)"
+    )
+    # Already judged by the module (told image_cuda): not twice.
+    reports["vm1"]["gpu_health"] = gpu_health("a10g-515.105.01.xml", image_cuda="12.4")
+    assert [f["id"] for f in verdict(data, reports)] == ["driver-older-than-image-cuda"]
 
 
 # -- the smoke test's verdict (smoke_verdict) ------------------------------------------------

@@ -399,6 +399,12 @@ CATALOGUE = [
     case("preflight-free", {"preflight_min_free_gb": -1}, "preflight_min_free_gb", "at least 0"),
     case("preflight-smoke", {"preflight_smoke_test": "x"}, "preflight_smoke_test", "true or false"),
     case(
+        "preflight-gpu-health",
+        {"preflight_gpu_health": "x"},
+        "preflight_gpu_health",
+        "true or false",
+    ),
+    case(
         "preflight-smoke-size",
         {"preflight_smoke_size_mb": 0},
         "preflight_smoke_size_mb",
