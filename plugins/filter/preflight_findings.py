@@ -68,8 +68,9 @@ EXAMPLES = r"""
 RETURN = r"""
 _value:
   description: C(findings) (a list of C(id), C(cause), C(fix)), C(msg) (all of them, for a
-    failure message; empty when there are none) and C(versions) (LLaMA-Factory's version in the
-    image, the rank variable it reads, torch and DeepSpeed; null when unknown).
+    failure message; empty when there are none), C(versions) (LLaMA-Factory's version in the
+    image, the rank variable it reads, torch and DeepSpeed; null when unknown) and C(warnings)
+    (what costs speed but does not stop the launch - GPU nodes outside one placement policy).
   type: dict
 """
 
@@ -102,6 +103,7 @@ def preflight_findings(
         "findings": found,
         "msg": preflight.message(job, found) if found else "",
         "versions": preflight.versions_line(reports),
+        "warnings": preflight.warnings(nodes),
     }
 
 

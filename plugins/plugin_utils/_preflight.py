@@ -136,10 +136,23 @@ _FILE_FIXES = {
 
 
 def _profile_findings(host, node, report):
-    """The node's network profile: discovery's problems and the plugin's files and devices
-    missing on the node (report['missing_network']: [{path, kind}])."""
+    """The node's network profile: discovery's problems, the plugin's files and devices
+    missing on the node (report['missing_network']: [{path, kind}]) and, for tcpxo, RxDM not
+    running (report['rxdm']: {state, log_lines})."""
     profile = node.get("profile") or "socket"
     found = []
+    rxdm = report.get("rxdm")
+    if profile == "tcpxo" and rxdm is not None and rxdm.get("state") != "running":
+        last = "; ".join((rxdm.get("log_lines") or [])[-2:]) or "no log"
+        found.append(
+            _finding(
+                "rxdm-not-running",
+                "%s's receive-datapath-manager (TCPXO's RxDM) is %s (%s): the plugin cannot "
+                "receive without it" % (host, rxdm.get("state"), last),
+                "run train.yml's host setup (role nccl_plugin starts it and waits for its buffer "
+                "manager), and read `docker logs receive-datapath-manager` on the node",
+            )
+        )
     for problem in node.get("profile_problems") or []:
         ident = problem.get("id", "network-profile")
         found.append(
@@ -544,3 +557,27 @@ def smoke_verdict(result, log_lines, network=None, expected=None, gpus_per_node=
             expected.get("gpus"),
         )
     return {"findings": found, "warnings": warnings, "line": line}
+
+
+def warnings(nodes):
+    """What does not stop the launch but costs speed: GPU nodes of a plugin profile that are
+    not all in one placement policy (GPU clusters use a compact one; the gcp_compute inventory
+    says which each VM is in: nodes' `placement`, None where unknown)."""
+    gpu = dict((h, n) for h, n in nodes.items() if (n.get("profile") or "socket") != "socket")
+    known = dict((h, n.get("placement")) for h, n in gpu.items())
+    # None: not known (a static inventory); []: in no policy.
+    if len(gpu) < 2 or any(p is None for p in known.values()):
+        return []
+    policies = set(tuple(sorted(p)) for p in known.values())
+    if len(policies) == 1 and () not in policies:
+        return []
+    return [
+        "the GPU nodes are not all in one placement policy (%s): without a compact placement "
+        "policy (COLLOCATED) their network may cross more hops than the machine type's "
+        "figures assume; create the VMs with one (gcloud compute resource-policies create "
+        "group-placement --collocation=collocated)"
+        % ", ".join(
+            "%s %s" % (h, ",".join(p.rsplit("/", 1)[-1] for p in (known[h] or [])) or "none")
+            for h in sorted(known)
+        )
+    ]

@@ -465,3 +465,48 @@ def test_under_the_pass_mark_is_a_warning_and_other_shapes_get_no_fraction():
         "line": "all_reduce of 64.0 MB across 16 ranks (gloo): bus bandwidth 1.2 GB/s "
         "(algorithm 1.28 GB/s)",
     }
+
+
+def test_rxdm_not_running_on_a_tcpxo_node_is_named():
+    data, reports = case("healthy")
+    nodes = copy.deepcopy(data["nodes"])
+    for node in nodes.values():
+        node.update(profile="tcpxo", machine_type="a3-megagpu-8g")
+    reports["vm0"]["rxdm"] = {"state": "running", "log_lines": []}
+    reports["vm1"]["rxdm"] = {
+        "state": "exited",
+        "log_lines": ["E1203 no aperture devices in /dev/aperture_devices"],
+    }
+    found = preflight.findings(
+        reports, nodes, nodes["vm0"]["address"], data["master_port"], data["probe_port"]
+    )
+    assert [f["id"] for f in found] == ["rxdm-not-running"]
+    assert "vm1's receive-datapath-manager (TCPXO's RxDM) is exited" in found[0]["cause"]
+    assert "no aperture devices" in found[0]["cause"]
+    assert "role nccl_plugin" in found[0]["fix"]
+
+
+POLICY = "https://www.googleapis.com/compute/v1/projects/p/regions/us-central1/resourcePolicies/"
+
+
+@pytest.mark.parametrize(
+    ("placements", "warned"),
+    [
+        ([[POLICY + "compact"], [POLICY + "compact"]], False),
+        ([[POLICY + "compact"], []], True),  # vm1 in no policy
+        ([[POLICY + "compact"], [POLICY + "other"]], True),
+        ([None, None], False),  # a static inventory: not known
+        ([[], []], True),
+    ],
+)
+def test_gpu_nodes_outside_one_placement_policy_are_a_warning(placements, warned):
+    nodes = {
+        f"vm{i}": {"rank": i, "profile": "gib", "placement": placement}
+        for i, placement in enumerate(placements)
+    }
+    found = preflight.warnings(nodes)
+    assert bool(found) is warned
+    if warned:
+        assert "not all in one placement policy" in found[0]
+    socket = {h: dict(n, profile="socket") for h, n in nodes.items()}
+    assert preflight.warnings(socket) == []
