@@ -65,8 +65,10 @@ def run(args, seconds):
     """(rc, stdout, stderr): args run for at most `seconds` (its process group killed then; rc
     None). A command that cannot start: rc 127 and why in stderr."""
     env = dict(os.environ, LC_ALL="C", LANG="C")
+    # Not run_command: it has no deadline, and a hung nvidia-smi or dcgmi must be killed with
+    # its process group.
     try:
-        proc = subprocess.Popen(
+        proc = subprocess.Popen(  # pylint: disable=ansible-bad-function
             args,
             stdin=subprocess.DEVNULL,
             stdout=subprocess.PIPE,

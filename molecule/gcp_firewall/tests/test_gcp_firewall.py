@@ -139,7 +139,8 @@ def test_molecule_steps_created_the_rules_once(made):
     entries = log()
     lists = [r for r in entries if r["method"] == "GET" and r["path"].endswith("/global/firewalls")]
     assert len(lists) == 3
-    assert lists[0]["query"]["filter"] == [f'(name = "{NODES}") OR (name = "{SSH}")']
+    # The role's own rules by name pattern (the nodes rule and one per extra GPU network).
+    assert lists[0]["query"]["filter"] == [f'name eq "(?:{SSH}|{NODES}[-a-z0-9]*)"']
     assert writes() == [("POST", "firewalls", 200), ("POST", "firewalls", 200)]
     assert [r["body"]["name"] for r in entries if r["method"] == "POST"] == [NODES, SSH]
     assert set(made) == {NODES, SSH}
