@@ -11,6 +11,7 @@ from __future__ import absolute_import, division, print_function
 __metaclass__ = type
 
 import os
+import re
 import socket
 
 from ansible_collections.hostnet.llamafactory.plugins.module_utils import (
@@ -34,10 +35,12 @@ OPTIONS = dict(
     metadata_url=dict(type="str", default="http://metadata.google.internal/computeMetadata/v1"),
     metadata_timeout=dict(type="float", default=2.0),
     network_profile=dict(type="str", choices=list(network_profile.CHOICES), default="auto"),
-    pci_slots=dict(type="dict", default={}),
+    pci_slots_from_names=dict(type="bool", default=False),
 )
 SYS_NET = "/sys/class/net"
 SYS_INFINIBAND = "/sys/class/infiniband"
+# systemd's predictable name of a PCI NIC: enp<bus>s<slot>, f<function> when not 0 (decimal).
+PCI_NAME_RE = re.compile(r"^enp([0-9]+)s([0-9]+)(?:f([0-9]+))?$")
 
 
 def _read(path):
@@ -74,14 +77,30 @@ def sysfs_facts(names, root=SYS_NET):
     return facts
 
 
-def with_pci_slots(sysfs, pci_slots):
-    """sysfs facts with the PCI addresses given for NICs that have no PCI device (the local
-    cluster's veth NICs: its one setting GCP does not need). A real device's address wins."""
-    for name, slot in (pci_slots or {}).items():
-        facts = sysfs.get(name)
-        if facts is not None and not facts.get("pci_slot"):
-            facts["pci_slot"] = str(slot).lower()
-            facts["pci_slot_given"] = True
+def pci_slot_of_name(name):
+    """The PCI address a systemd predictable name encodes (enp6s0 -> 0000:06:00.0, enp0s12 ->
+    0000:00:0c.0, enp192s20 -> 0000:c0:14.0, enp6s0f1 -> 0000:06:00.1), or None for names of
+    other shapes (gpu0rdma0, eth0, ens4) and numbers no PCI address holds."""
+    found = PCI_NAME_RE.match(name or "")
+    if not found:
+        return None
+    bus, slot, function = (int(found.group(i) or 0) for i in (1, 2, 3))
+    if bus > 0xFF or slot > 0x1F or function > 7:
+        return None
+    return "0000:%02x:%02x.%d" % (bus, slot, function)
+
+
+def with_pci_slots_from_names(sysfs, enabled):
+    """sysfs facts where each NIC without a PCI device takes the PCI address its name encodes
+    (when enabled: the local cluster's veth NICs, named as the GPU VM's NICs they stand in for).
+    A real device's own address always wins; other names get none."""
+    if not enabled:
+        return sysfs
+    for name, facts in sysfs.items():
+        slot = pci_slot_of_name(name)
+        if slot and not facts.get("pci_slot"):
+            facts["pci_slot"] = slot
+            facts["pci_slot_from_name"] = True
     return sysfs
 
 
@@ -169,9 +188,9 @@ def gather(module, params, opener=_open_url, dmi_path=DMI_PRODUCT_NAME):
         layout["metadata"] = ask_metadata(
             params["metadata_url"], params["metadata_timeout"], opener
         )
-    layout["sysfs"] = with_pci_slots(
+    layout["sysfs"] = with_pci_slots_from_names(
         sysfs_facts([link["name"] for link in parse_links(layout["ip_addr"])]),
-        params.get("pci_slots"),
+        params.get("pci_slots_from_names", False),
     )
     layout["machine_type"] = None
     # Not asked again of a server that just failed nic0's question: choose() reports that one.

@@ -71,11 +71,12 @@ options:
         type: str
         choices: [auto, socket, tcpxo, gib]
         default: auto
-      pci_slots:
-        description: PCI addresses for NICs without a PCI device (the local cluster's; see
-          primary_nic).
-        type: dict
-        default: {}
+      pci_slots_from_names:
+        description: Give each NIC without a PCI device the PCI address its systemd name encodes
+          (C(enp6s0) is C(0000:06:00.0)) - the local cluster's veth NICs, which stand in for a GPU
+          VM's NICs that GCP's scripts find by PCI address; see primary_nic. Off on GCP.
+        type: bool
+        default: false
   docker_host:
     description: The options of M(hostnet.llamafactory.docker_host_facts).
     type: dict

@@ -85,13 +85,20 @@ options:
     type: str
     choices: [auto, socket, tcpxo, gib]
     default: auto
-  pci_slots:
+  pci_slots_from_names:
     description:
-      - PCI addresses (C(0000:06:00.0)) for NICs that have no PCI device, by NIC name. Only for
-        the local cluster, whose veth NICs stand in for a GPU VM's; a NIC with a PCI device keeps
-        its own address. Leave it empty on GCP.
-    type: dict
-    default: {}
+      - Give each NIC that has no PCI device in sysfs the PCI address its systemd predictable
+        name encodes - C(enp<bus>s<slot>) or C(enp<bus>s<slot>f<function>), decimal numbers, as
+        C(DOMAIN:BUS:SLOT.FUNCTION) in hex (C(enp6s0) is C(0000:06:00.0), C(enp0s12)
+        C(0000:00:0c.0), C(enp192s20) C(0000:c0:14.0)); names of other shapes (C(gpu0rdma0),
+        C(eth0), C(ens4)) get none, and a NIC with a PCI device always keeps its own address.
+      - Only for the local cluster (tools/localcluster; role llamafactory's
+        C(llamafactory_local_cluster)), whose VMs' NICs are veth pairs without PCI devices,
+        named as the GPU VM's NICs they stand in for. GCP's scripts find a GPU VM's NICs by PCI
+        address, and on GCP the NICs' systemd names encode the addresses they have. Leave it off
+        on GCP.
+    type: bool
+    default: false
   fact:
     description:
       - Set the fact C(primary_nic) to the result. Turn it off for a check that must not replace

@@ -308,22 +308,6 @@ def _master_addr(label, value):
     ]
 
 
-_PCI_SLOT_RE = re.compile(r"^[0-9a-fA-F]{4}:[0-9a-fA-F]{2}:[0-9a-fA-F]{2}\.[0-7]$")
-
-
-def _pci_slots(label, value):
-    problems = []
-    for name in sorted(value, key=str):
-        problems += _interface("%s key" % label, str(name))
-        if not _PCI_SLOT_RE.match(str(value[name])):
-            problems.append(
-                "%s[%s] is %r: not a PCI address; give DOMAIN:BUS:DEVICE.FUNCTION such as "
-                "0000:06:00.0 (only the local cluster sets this: veth NICs have none)"
-                % (label, name, value[name])
-            )
-    return problems
-
-
 def _survey_reads(label, value):
     return [
         "%s has the key %r: give only docker_host and job (the options of node_survey's parts, "
@@ -531,6 +515,9 @@ _add("llamafactory_image", "str", _LF, default="hiyouga/llamafactory:0.9.5", che
 _add("llamafactory_gpus_per_node", "int", _LF, default=1, low=0)
 _add("llamafactory_network_mode", "str", _LF, default="host")
 _add("llamafactory_platform", "str", _LF, default="gcp")
+# The hosts are the local cluster's VM containers (tools/localcluster): its four differences from
+# GCP follow from it (roles/llamafactory/README.md).
+_add("llamafactory_local_cluster", "bool", _LF, default=False)
 _add("llamafactory_jobs_root", "path", _LF, default="/var/lib/llamafactory/jobs", check=_node_path)
 _add(
     "llamafactory_hf_cache", "path", _LF, default="/var/lib/llamafactory/hf-cache", check=_node_path
@@ -651,7 +638,6 @@ _add(
 _add("discover_network_metadata_timeout", "float", _DN, default=2.0, low=0.001)
 _add("discover_network_include_tunnels", "bool", _DN, default=False)
 _add("discover_network_survey", "dict", _DN, default={}, check=_survey_reads)
-_add("discover_network_pci_slots", "dict", _DN, default={}, check=_pci_slots)
 
 # Must be the same on every node (the rest may differ per host).
 SAME_ON_EVERY_NODE = (
@@ -662,6 +648,7 @@ SAME_ON_EVERY_NODE = (
     "llamafactory_network_mode",
     "llamafactory_network_profile",
     "llamafactory_platform",
+    "llamafactory_local_cluster",
     "llamafactory_jobs_root",
     "preflight_port",
     "launch_agent_port",

@@ -26,7 +26,7 @@ import docker.errors
 import yaml
 
 from . import gce_control, gce_firewall, gce_metadata, images
-from .spec import VM, ClusterSpec, machine_nics, pci_slots, repo_root, to_raw
+from .spec import VM, ClusterSpec, machine_nics, repo_root, to_raw
 from .util import ClusterError, log, pipe, run, wait_until
 
 CLUSTER_LABEL = "hostnet.llamafactory.cluster"
@@ -714,7 +714,6 @@ def write_inventory(spec: ClusterSpec, state: dict) -> Path:
         hosts[node["name"]] = {
             "ansible_host": node["external_address"],
             "llamafactory_node_rank": node["index"],
-            **box_host_vars(spec, node["name"]),
         }
     inventory = {
         "all": {
@@ -748,20 +747,6 @@ def write_inventory(spec: ClusterSpec, state: dict) -> Path:
     if "gce" in state:
         write_gcp_inventory(spec, state, inventory["all"]["children"]["llamafactory"]["vars"])
     return spec.inventory
-
-
-# The box's only host variable that GCP does not have: its veth NICs have no PCI device, so the
-# PCI addresses a GPU machine type's NICs have on GCP (spec.pci_slots: the control NICs' bus-0
-# slots, the tcpxo types' GPU NICs' published ones; none for the gib types' GPU NICs, which are
-# found by name or RDMA device) are handed to the discovery as this variable instead.
-PCI_SLOTS_VAR = "discover_network_pci_slots"
-
-
-def box_host_vars(spec: ClusterSpec, name: str) -> dict:
-    """The local-only host variables of a VM ({} for a VM without GPU NICs)."""
-    vm = next((v for v in spec.vms if v.name == name), None)
-    slots = pci_slots(vm) if vm else {}
-    return {PCI_SLOTS_VAR: slots} if slots else {}
 
 
 SHIPPED_GCP_INVENTORY = repo_root() / "inventories" / "gcp_compute.yml"
@@ -818,19 +803,9 @@ def write_gcp_inventory(spec: ClusterSpec, state: dict, login: dict) -> Path:
     link = folder / "group_vars"
     if not link.is_symlink():
         link.symlink_to(Path("..") / "group_vars")
-    # host_vars beside the dynamic inventory: Ansible loads host_vars/<host>.yml for the hosts
-    # of an inventory source in that folder (the gcp_compute plugin names hosts by VM name).
-    host_vars = folder / "host_vars"
-    shutil.rmtree(host_vars, ignore_errors=True)
-    for node in state["nodes"]:
-        variables = box_host_vars(spec, node["name"])
-        if variables:
-            host_vars.mkdir(exist_ok=True)
-            (host_vars / f"{node['name']}.yml").write_text(
-                f"# Written by `localcluster up`: the box's VMs have veth NICs without PCI\n"
-                f"# addresses; these are the ones {node['name']}'s NICs have on GCP.\n---\n"
-                + yaml.safe_dump(variables, sort_keys=False)
-            )
+    # No host variables: the box's one difference from GCP is llamafactory_local_cluster in the
+    # shared group_vars. A host_vars folder an older box wrote here would still be loaded.
+    shutil.rmtree(folder / "host_vars", ignore_errors=True)
     return folder
 
 

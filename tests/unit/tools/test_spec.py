@@ -5,6 +5,7 @@ import json
 
 import pytest
 import yaml
+from ansible_collections.hostnet.llamafactory.plugins.module_utils import _nic_host as nic_host
 from localcluster import cluster, spec
 from localcluster.util import ClusterError
 
@@ -489,7 +490,10 @@ def _nodes(definition):
     ]
 
 
-def test_a_gpu_vms_host_vars_differ_from_a_plain_vms_only_by_the_pci_slots(tmp_path):
+def test_no_host_has_a_box_only_variable(tmp_path):
+    # The box's one difference from GCP is llamafactory_local_cluster in the shared group_vars
+    # (tests/unit/inventories/test_local_inventory.py): a GPU VM's host variables are a plain
+    # VM's, and the GCP path writes no host_vars (a stale folder is removed).
     definition = gpu_definition(inventory=str(tmp_path / "inv.yml"))
     state = {
         "user": "gce",
@@ -499,23 +503,45 @@ def test_a_gpu_vms_host_vars_differ_from_a_plain_vms_only_by_the_pci_slots(tmp_p
     }
     path = cluster.write_inventory(definition, state)
     hosts = yaml.safe_load(path.read_text())["all"]["children"]["llamafactory"]["hosts"]
-    per_host = {"ansible_host", "llamafactory_node_rank"}
-    plain = {k: v for k, v in hosts["vm2"].items() if k not in per_host}
-    for name, vm in (("vm0", definition.vms[0]), ("vm1", definition.vms[1])):
-        gpu = {k: v for k, v in hosts[name].items() if k not in per_host}
-        assert gpu == {**plain, "discover_network_pci_slots": spec.pci_slots(vm)}
-    assert hosts["vm0"]["discover_network_pci_slots"]["enp6s0"] == "0000:06:00.0"
+    for vm in definition.vms:
+        assert hosts[vm.name] == {
+            "ansible_host": definition.networks["external"].address(vm.index),
+            "llamafactory_node_rank": vm.index,
+        }
 
-    # The GCP path: the same variable in host_vars/<vm>.yml beside the dynamic inventory.
     gce = {
         "project": "hostnet-box",
         "zone": "us-central1-a",
         "service_account_file": "/s/sa.json",
         "env": {},
     }
+    stale = definition.gcp_inventory / "host_vars"
+    stale.mkdir(parents=True)
+    (stale / "vm0.yml").write_text("# written by an older box\n")
     cluster.write_inventory(definition, {**state, "gce": gce})
-    host_vars = definition.gcp_inventory / "host_vars"
-    assert sorted(p.name for p in host_vars.iterdir()) == ["vm0.yml", "vm1.yml"]
-    assert yaml.safe_load((host_vars / "vm1.yml").read_text()) == {
-        "discover_network_pci_slots": {"enp0s19": "0000:00:13.0", "enp192s20": "0000:c0:14.0"}
-    }
+    assert not stale.exists()
+    assert sorted(p.name for p in definition.gcp_inventory.iterdir()) == [
+        "box.yml",
+        "gcp_compute.yml",
+        "group_vars",
+    ]
+
+
+def test_the_published_pci_slots_are_the_ones_the_nic_names_encode():
+    # llamafactory_local_cluster gives the box's veth NICs the PCI address their names encode
+    # (primary_nic's pci_slots_from_names) instead of the addresses the box used to hand over:
+    # for every GPU machine type they are the same, so nothing is lost.
+    vms = [{"name": f"vm{i}", "machine_type": t} for i, t in enumerate(sorted(spec.MACHINE_TYPES))]
+    definition = parse(name="alltypes", shift=6, vms=vms)
+    assert {vm.machine_type for vm in definition.vms} == set(spec.MACHINE_TYPES)
+    for vm in definition.vms:
+        nics = spec.machine_nics(vm)
+        assert nics, vm.machine_type
+        from_names = {
+            nic.name: nic_host.pci_slot_of_name(nic.name)
+            for nic in nics
+            if nic_host.pci_slot_of_name(nic.name)
+        }
+        assert spec.pci_slots(vm) == from_names, vm.machine_type
+        for nic in nics:
+            assert nic_host.pci_slot_of_name(nic.name) == nic.pci_slot, (vm.machine_type, nic)

@@ -363,21 +363,87 @@ def test_sysfs_facts_read_pci_addresses_and_rdma_devices(tmp_path):
     assert facts["docker0"]["pci_slot"] is None
 
 
-def test_pci_slots_given_fill_only_nics_without_a_pci_device():
-    # The local cluster's setting: veth NICs get the addresses GCP's NICs have; a real device's
-    # own address is never replaced.
-    sysfs = {
-        "enp0s12": {"pci_slot": "0000:00:0c.0", "rdma": False},
-        "enp6s0": {"pci_slot": None, "rdma": False},
+@pytest.mark.parametrize(
+    ("name", "slot"),
+    [
+        ("enp6s0", "0000:06:00.0"),
+        ("enp0s12", "0000:00:0c.0"),
+        ("enp192s20", "0000:c0:14.0"),
+        ("enp134s0", "0000:86:00.0"),
+        ("enp6s0f0", "0000:06:00.0"),
+        ("enp6s0f1", "0000:06:00.1"),
+        ("enp255s31f7", "0000:ff:1f.7"),
+        ("gpu0rdma0", None),
+        ("eth0", None),
+        ("ens4", None),
+        ("enp6s0np0", None),
+        ("enp256s0", None),  # no bus 256
+        ("enp6s32", None),  # no slot 32
+        ("enp6s0f8", None),  # no function 8
+        ("", None),
+    ],
+)
+def test_a_predictable_name_encodes_its_pci_address(name, slot):
+    assert nic_host.pci_slot_of_name(name) == slot
+
+
+def test_pci_slots_from_names_fill_only_nics_without_a_pci_device():
+    # The local cluster's setting: veth NICs take the addresses their names encode, as GCP's
+    # NICs of those names have; a real device's own address is never replaced.
+    def sysfs():
+        return {
+            "enp0s12": {"pci_slot": "0000:00:99.0", "rdma": False},
+            "enp6s0": {"pci_slot": None, "rdma": False},
+            "gpu0rdma0": {"pci_slot": None, "rdma": True},
+            "eth0": {"pci_slot": None, "rdma": False},
+        }
+
+    facts = nic_host.with_pci_slots_from_names(sysfs(), True)
+    assert facts["enp0s12"] == {"pci_slot": "0000:00:99.0", "rdma": False}
+    assert facts["enp6s0"] == {
+        "pci_slot": "0000:06:00.0",
+        "rdma": False,
+        "pci_slot_from_name": True,
     }
-    given = {"enp0s12": "0000:00:99.0", "enp6s0": "0000:06:00.0", "absent0": "0000:07:00.0"}
-    facts = nic_host.with_pci_slots(sysfs, given)
-    assert facts["enp0s12"]["pci_slot"] == "0000:00:0c.0"
-    assert facts["enp6s0"] == {"pci_slot": "0000:06:00.0", "rdma": False, "pci_slot_given": True}
-    assert "absent0" not in facts
-    assert nic_host.with_pci_slots({"ens4": {"pci_slot": None}}, None) == {
-        "ens4": {"pci_slot": None}
+    assert facts["gpu0rdma0"] == {"pci_slot": None, "rdma": True}
+    assert facts["eth0"] == {"pci_slot": None, "rdma": False}
+    assert nic_host.with_pci_slots_from_names(sysfs(), False) == sysfs()
+
+
+def test_the_option_defaults_off():
+    assert nic_host.OPTIONS["pci_slots_from_names"] == {"type": "bool", "default": False}
+    assert "pci_slots" not in nic_host.OPTIONS
+
+
+@pytest.mark.parametrize("from_names", [False, True])
+def test_gather_takes_pci_addresses_from_names_only_when_asked(monkeypatch, dmi, from_names):
+    # The A3 High fixture's NICs as veth pairs (no PCI device): with the option its GPU NICs are
+    # found as on GCP (by the PCI addresses their names encode); without it, none is.
+    monkeypatch.setattr(
+        nic_host, "sysfs_facts", lambda names: {n: {"pci_slot": None, "rdma": False} for n in names}
+    )
+    layout, _peer = nic_host.gather(
+        FakeModule(load("gcp-a3-high-multinic")),
+        params(gcp_metadata="never", network_profile="tcpxo", pci_slots_from_names=from_names),
+        dmi_path=dmi("Standard PC"),
+    )
+    slots = {name: facts["pci_slot"] for name, facts in layout["sysfs"].items()}
+    if not from_names:
+        assert set(slots.values()) == {None}
+        return
+    assert slots == {
+        "lo": None,
+        "enp0s12": "0000:00:0c.0",
+        "enp6s0": "0000:06:00.0",
+        "enp12s0": "0000:0c:00.0",
+        "enp134s0": "0000:86:00.0",
+        "enp140s0": "0000:8c:00.0",
+        "docker0": None,
     }
+    layout["machine_type"] = "a3-highgpu-8g"
+    found = nic_host.profile_of(layout, "enp0s12", "tcpxo")
+    assert found["gpu"] == ["enp6s0", "enp12s0", "enp134s0", "enp140s0"]
+    assert found["problems"] == []
 
 
 def test_a3_high_layout_gets_the_tcpxo_profile():

@@ -6,6 +6,7 @@ import json
 from pathlib import Path
 
 import pytest
+import role_defaults as defaults_of
 import yaml
 from ansible_collections.hostnet.llamafactory.plugins.plugin_utils import _validation as v
 
@@ -15,11 +16,17 @@ HOSTS = ["vm0", "vm1"]
 KNOWN = v.spec_options(str(ROOT / "roles"))
 
 
-def role_defaults():
-    """roles/llamafactory/defaults/main.yml as the play sees it (GCP_PROJECT unset)."""
-    data = yaml.safe_load((ROOT / "roles/llamafactory/defaults/main.yml").read_text())
+# The roles whose defaults the schema restates (their templated ones rendered as a play would).
+SCHEMA_ROLES = ("llamafactory", "discover_network")
+
+
+def role_defaults(role="llamafactory", **given):
+    """A role's defaults/main.yml as the play sees it (GCP_PROJECT unset): on GCP, unless
+    `given` sets llamafactory_local_cluster."""
+    data = defaults_of.rendered(["llamafactory", role], given)
     data["llamafactory_gcp_project"] = ""
-    return data
+    names = set(defaults_of.raw(role))
+    return {name: value for name, value in data.items() if name in names}
 
 
 def local_inventory():
@@ -34,10 +41,12 @@ def local_inventory():
 
 
 def good_settings(**changes):
+    """The local inventory's settings (and `changes`) over the roles' defaults, the templated
+    ones rendered with them (validate_job receives templated values)."""
+    given = {**local_inventory(), **changes}
     settings = {n: var.default for n, var in v.SCHEMA.items() if var.default is not None}
-    settings.update(role_defaults())
-    settings.update(local_inventory())
-    settings.update(changes)
+    settings.update(defaults_of.rendered(SCHEMA_ROLES, given))
+    settings["llamafactory_gcp_project"] = given.get("llamafactory_gcp_project", "")
     return settings
 
 
@@ -377,6 +386,19 @@ CATALOGUE = [
         per_host={"vm1": {"llamafactory_image": "other/image:1"}},
     ),
     case(
+        "local-cluster-not-a-bool",
+        {"llamafactory_local_cluster": "box"},
+        "llamafactory_local_cluster",
+        "true or false",
+    ),
+    case(
+        "local-cluster-on-one-node",
+        {},
+        "llamafactory_local_cluster",
+        "set it once for the group",
+        per_host={"vm1": {"llamafactory_local_cluster": False}},
+    ),
+    case(
         "platform-differs",
         {},
         "llamafactory_platform",
@@ -702,20 +724,6 @@ CATALOGUE += [
         "needs llamafactory_network_mode=host",
     ),
     case(
-        "pci-slots-not-an-address",
-        {},
-        "discover_network_pci_slots",
-        "such as 0000:06:00.0",
-        per_host={"vm1": {"discover_network_pci_slots": {"enp6s0": "06:00.0"}}},
-    ),
-    case(
-        "pci-slots-bad-nic-name",
-        {},
-        "discover_network_pci_slots",
-        "not a network interface name",
-        per_host={"vm1": {"discover_network_pci_slots": {"enp6s0;x": "0000:06:00.0"}}},
-    ),
-    case(
         "registry-user-line-break",
         {"llamafactory_registry_username": "me\nx"},
         "llamafactory_registry_username",
@@ -949,6 +957,19 @@ def test_bad_training_configs(tmp_path, content, fragment):
     assert any("llamafactory_config" in p and fragment in p for p in problems), problems
 
 
+@pytest.mark.parametrize("local", [False, True])
+def test_the_templated_defaults_of_either_platform_pass(local):
+    # validate_job receives the play's templated values: the defaults that follow
+    # llamafactory_local_cluster arrive as their GCP or their local value, both valid.
+    settings = good_settings(llamafactory_local_cluster=local)
+    assert settings["llamafactory_ulimits"] == (
+        [] if local else v.SCHEMA["llamafactory_ulimits"].default
+    )
+    assert settings["discover_network_gcp_metadata"] == ("always" if local else "auto")
+    plan, problems = check({"llamafactory_local_cluster": local})
+    assert problems == [] and plan is not None
+
+
 # -- the schema against the roles' argument specs ---------------------------------------------
 
 COVERED = (
@@ -1033,6 +1054,10 @@ def test_the_spec_comparison_catches_a_difference():
 
 
 def test_the_schema_defaults_are_the_role_defaults():
+    # The GCP defaults (llamafactory_local_cluster false); the schema's fallback for a value the
+    # play did not hand over.
+    for name, value in role_defaults("discover_network").items():
+        assert v.SCHEMA[name].default == value, name
     defaults = role_defaults()
     job_wide = {
         n
