@@ -82,6 +82,53 @@ class VM:
         return self.sh(f'python3 -c "{script}"').stdout.strip()
 
 
+# ------------------------------------------------------------------ GCP's GPU machine types
+
+# The GPU cluster's pairs of VMs. Each pair is a job of its own on the GCP path: its VMs carry
+# the pair's name as a label (yes), which its inventory filters on, and their rank in it.
+GPU_PAIRS = {"tcpxo": ("vm0", "vm1"), "gib": ("vm2", "vm3"), "mixed": ("vm2", "vm1")}
+GPU_MACHINE_TYPES = ("a3-megagpu-8g", "a3-megagpu-8g", "a3-ultragpu-8g", "a3-ultragpu-8g")
+
+
+def gpu_cluster_definition() -> spec.ClusterSpec:
+    """'gpubox': vm0, vm1 a3-megagpu-8g (tcpxo: enp0s12 + 8 GPU NICs), vm2, vm3 a3-ultragpu-8g
+    (gib: enp0s19, enp192s20 + 8 RDMA NICs), labelled by GPU_PAIRS. shift 6 with the vpc and
+    external networks on /24s of that block that no other test cluster uses (198.18.195.0/24,
+    198.19.193.0/24; `cp`, also shift 6, takes .192-.194 and 198.19.192), the GPU networks
+    derived at 198.18.207-223: up for the whole session beside the other clusters. The
+    project's default rules only: each pair's train.yml opens its own paths."""
+    vms = []
+    for index, machine_type in enumerate(GPU_MACHINE_TYPES):
+        name = f"vm{index}"
+        labels = {"llamafactory": "training"}
+        for pair, names in GPU_PAIRS.items():
+            if name in names:
+                rank = str(names.index(name))
+                assert labels.setdefault("llamafactory-rank", rank) == rank, (name, pair)
+                labels[pair] = "yes"
+        vms.append({"name": name, "machine_type": machine_type, "labels": labels})
+    return spec.load(
+        name="gpubox",
+        shift=6,
+        networks={
+            "vpc": {"subnet": "198.18.3.0/24", "mtu": 1460},
+            "external": {"subnet": "198.19.1.0/24"},
+        },
+        vms=vms,
+    )
+
+
+@pytest.fixture(scope="session")
+def gpu_cluster():
+    """The running 'gpubox' cluster's state (state.json), shared by test_box_gpu_layouts (the
+    box) and test_gpu_profiles (the collection on it); torn down at the session's end."""
+    definition = gpu_cluster_definition()
+    state = cluster.up(definition)
+    yield state
+    cluster.down(definition)
+    assert not cluster.state_dir(definition).exists()
+
+
 @pytest.fixture(scope="session")
 def vms(test_cluster):
     return [VM(node) for node in test_cluster[1]["nodes"]]

@@ -1,9 +1,9 @@
 """GCP's GPU machine types in the local cluster: a VM of such a type has that type's NICs (names,
 MTUs, addresses, one network each), its stand-in devices, every NIC in its metadata and in the
-Compute Engine API, and the one local-only host variable, discover_network_pci_slots.
+Compute Engine API, and nothing in its inventory that GCP's would not have.
 
-One cluster of its own, 'gpubox', for the session (gpu_box: later tests may reuse it): vm0 an
-a3-megagpu-8g (tcpxo: enp0s12 + 8 GPU NICs), vm1 an a3-ultragpu-8g (gib: enp0s19, enp192s20 +
+On the session's GPU cluster (conftest.gpu_cluster, shared with test_gpu_profiles): vm0, vm1
+a3-megagpu-8g (tcpxo: enp0s12 + 8 GPU NICs), vm2, vm3 a3-ultragpu-8g (gib: enp0s19, enp192s20 +
 8 RDMA NICs)."""
 
 import json
@@ -14,7 +14,7 @@ import sys
 
 import pytest
 from conftest import ROOT, VM
-from localcluster import box_api, cluster, gce_firewall, spec
+from localcluster import box_api, gce_firewall
 
 pytestmark = pytest.mark.cluster  # brings up a local cluster
 
@@ -22,33 +22,11 @@ ANSIBLE_INVENTORY = os.path.join(os.path.dirname(sys.executable), "ansible-inven
 METADATA = "http://metadata.google.internal/computeMetadata/v1/instance/network-interfaces/"
 
 
-def gpu_box_definition() -> spec.ClusterSpec:
-    """shift 6 with the vpc and external networks on /24s of that block that no other test
-    cluster uses (198.18.195.0/24, 198.19.193.0/24; `cp`, also shift 6, takes .192-.194 and
-    198.19.192), and the GPU networks derived at 198.18.207-223: this cluster can stay up for
-    the whole session while the other modules' clusters come and go."""
-    return spec.load(
-        name="gpubox",
-        shift=6,
-        networks={
-            "vpc": {"subnet": "198.18.3.0/24", "mtu": 1460},
-            "external": {"subnet": "198.19.1.0/24"},
-        },
-        vms=[
-            {"name": "vm0", "machine_type": "a3-megagpu-8g"},
-            {"name": "vm1", "machine_type": "a3-ultragpu-8g"},
-        ],
-    )
-
-
-@pytest.fixture(scope="session")
-def gpu_box():
-    """The running 'gpubox' cluster's state (state.json); torn down at the session's end."""
-    definition = gpu_box_definition()
-    state = cluster.up(definition)
-    yield state
-    cluster.down(definition)
-    assert not cluster.state_dir(definition).exists()
+@pytest.fixture(scope="module")
+def gpu_box(gpu_cluster):
+    """The GPU cluster's state with nodes = (vm0: a3-megagpu-8g, vm2: a3-ultragpu-8g)."""
+    mega, ultra = gpu_cluster["nodes"][0], gpu_cluster["nodes"][2]
+    return {**gpu_cluster, "nodes": [mega, ultra]}
 
 
 def nics_of(node: dict) -> list[dict]:
@@ -56,14 +34,14 @@ def nics_of(node: dict) -> list[dict]:
 
 
 def test_each_vm_has_its_machine_types_nics(gpu_box):
-    vm0, vm1 = gpu_box["nodes"]
-    assert (vm0["nic"], vm1["nic"]) == ("enp0s12", "enp0s19")
-    assert [n["name"] for n in vm0["gpu_nics"]] == [
+    mega, ultra = gpu_box["nodes"]
+    assert (mega["nic"], ultra["nic"]) == ("enp0s12", "enp0s19")
+    assert [n["name"] for n in mega["gpu_nics"]] == [
         f"enp{n}s0" for n in (6, 7, 13, 14, 134, 135, 141, 142)
     ]
-    assert [n["name"] for n in vm1["control_nics"]] == ["enp0s19", "enp192s20"]
-    assert [n["name"] for n in vm1["gpu_nics"]] == [f"gpu{i}rdma0" for i in range(8)]
-    for node, gpu_mtu in ((vm0, 8244), (vm1, 8896)):
+    assert [n["name"] for n in ultra["control_nics"]] == ["enp0s19", "enp192s20"]
+    assert [n["name"] for n in ultra["gpu_nics"]] == [f"gpu{i}rdma0" for i in range(8)]
+    for node, gpu_mtu in ((mega, 8244), (ultra, 8896)):
         links = VM(node).addresses()
         # Its NICs and nothing else (no eth*, no ens4): lo, ext0, the VM's docker0.
         assert set(links) - {"lo", "ext0", "docker0"} == {n["name"] for n in nics_of(node)}
@@ -77,27 +55,27 @@ def test_each_vm_has_its_machine_types_nics(gpu_box):
         assert {n["mtu"] for n in node["gpu_nics"]} == {gpu_mtu}
         assert links[node["nic"]]["mtu"] == 1460  # the shared vpc network's MTU
         assert VM(node).default_route()["dev"] == node["nic"]
-    assert vm1["control_nics"][1]["mtu"] == 8896
+    assert ultra["control_nics"][1]["mtu"] == 8896
     # One network per GPU NIC: each its own subnet.
-    subnets = {n["address"].rsplit(".", 1)[0] for node in (vm0, vm1) for n in node["gpu_nics"]}
+    subnets = {n["address"].rsplit(".", 1)[0] for node in (mega, ultra) for n in node["gpu_nics"]}
     assert len(subnets) == 16
 
 
 def test_stand_in_devices(gpu_box):
-    vm0, vm1 = (VM(node) for node in gpu_box["nodes"])
-    listed = vm0.sh("ls /dev/aperture_devices").stdout.split()
+    mega, ultra = (VM(node) for node in gpu_box["nodes"])
+    listed = mega.sh("ls /dev/aperture_devices").stdout.split()
     assert listed == sorted(
         n["pci_slot"][:-1] + "1" for n in gpu_box["nodes"][0]["gpu_nics"]
     )  # 0000:06:00.1 ... as Google's udev rule names them
     assert "0000:06:00.1" in listed and len(listed) == 8
-    assert vm0.sh("stat -c '%F %t:%T' /dev/dmabuf_import_helper").stdout.strip() == (
+    assert mega.sh("stat -c '%F %t:%T' /dev/dmabuf_import_helper").stdout.strip() == (
         "character special file 1:3"
     )
-    assert vm0.sh("test -e /dev/infiniband", check=False).returncode != 0
-    devices = vm1.sh("stat -c '%n %F %t:%T' /dev/infiniband/uverbs*").stdout.splitlines()
+    assert mega.sh("test -e /dev/infiniband", check=False).returncode != 0
+    devices = ultra.sh("stat -c '%n %F %t:%T' /dev/infiniband/uverbs*").stdout.splitlines()
     assert devices == [f"/dev/infiniband/uverbs{i} character special file 1:3" for i in range(8)]
-    vm1.sh("head -c 1 /dev/infiniband/uverbs0 >/dev/null && echo x > /dev/infiniband/uverbs7")
-    assert vm1.sh("test -e /dev/aperture_devices", check=False).returncode != 0
+    ultra.sh("head -c 1 /dev/infiniband/uverbs0 >/dev/null && echo x > /dev/infiniband/uverbs7")
+    assert ultra.sh("test -e /dev/aperture_devices", check=False).returncode != 0
 
 
 def test_the_metadata_server_lists_every_nic_in_gcps_order(gpu_box):
@@ -114,9 +92,9 @@ def test_the_metadata_server_lists_every_nic_in_gcps_order(gpu_box):
         assert interfaces[0]["accessConfigs"][0]["externalIp"] == node["external_address"]
         assert all("accessConfigs" not in i for i in interfaces[1:])
         assert {i["subnetmask"] for i in interfaces} == {"255.255.255.0"}
-    vm0, vm1 = gpu_box["nodes"]
-    assert vm1["control_nics"][1]["gce_network"] == "gpubox-net-1"
-    assert vm0["gpu_nics"][0]["gce_network"] == "gpubox-gpu0"
+    mega, ultra = gpu_box["nodes"]
+    assert ultra["control_nics"][1]["gce_network"] == "gpubox-net-1"
+    assert mega["gpu_nics"][0]["gce_network"] == "gpubox-gpu0"
 
 
 def _inventory(gpu_box, *args: str) -> dict:
@@ -142,50 +120,43 @@ def _inventory(gpu_box, *args: str) -> dict:
     return json.loads(result.stdout, object_hook=unwrap)
 
 
-def test_the_inventories_carry_the_pci_slots_and_the_api_every_nic(gpu_box, tmp_path):
+def test_the_inventories_are_gcps_and_the_api_lists_every_nic(gpu_box):
+    """Nothing per VM that GCP would not have (no host_vars: the PCI addresses come from the
+    NICs' names under the one local-only setting, llamafactory_local_cluster, which the group
+    vars carry); the Compute Engine API lists every NIC, nic0 first."""
     import yaml
 
-    vm0, vm1 = gpu_box["nodes"]
-    expected = {
-        "vm0": {
-            "enp0s12": "0000:00:0c.0",
-            **{n["name"]: n["pci_slot"] for n in vm0["gpu_nics"]},
-        },
-        "vm1": {"enp0s19": "0000:00:13.0", "enp192s20": "0000:c0:14.0"},
-    }
-    assert expected["vm0"]["enp6s0"] == "0000:06:00.0"
     static = yaml.safe_load(open(gpu_box["inventory"]).read())  # noqa: SIM115
     hosts = static["all"]["children"]["llamafactory"]["hosts"]
-    for name in ("vm0", "vm1"):
-        assert hosts[name]["discover_network_pci_slots"] == expected[name]
-    # The GCP path: host_vars/<vm>.yml beside the dynamic inventory, as Ansible loads it.
+    login = {"ansible_host", "llamafactory_node_rank"}
+    assert {key for host in hosts.values() for key in host} <= login
+    assert not (ROOT / gpu_box["gcp_inventory"] / "host_vars").exists()
     listed = _inventory(gpu_box, "--list")
     hostvars = listed["_meta"]["hostvars"]
-    for node in (vm0, vm1):
-        host = _inventory(gpu_box, "--host", node["name"])
-        assert host["discover_network_pci_slots"] == expected[node["name"]]
+    for node in gpu_box["nodes"]:
+        host = hostvars[node["name"]]
         assert host["ansible_host"] == node["external_address"]
-        # The Compute Engine API (through the gcp_compute plugin): every NIC, nic0 first.
-        interfaces = hostvars[node["name"]]["gcp_networkInterfaces"]
+        assert host["llamafactory_local_cluster"] is True
+        interfaces = host["gcp_networkInterfaces"]
         assert [i["networkIP"] for i in interfaces] == [n["address"] for n in nics_of(node)]
-        assert hostvars[node["name"]]["gcp_firewall_network"] == "default"
+        assert host["gcp_firewall_network"] == "default"
 
 
 def test_tcpxo_gpu_vpcs_are_filtered_rdma_nics_not(gpu_box):
-    vm0, vm1 = gpu_box["nodes"]
-    chains0 = VM(vm0).sh("iptables -w -t mangle -S HLF-GCE-PREROUTING").stdout
+    mega, ultra = gpu_box["nodes"]
+    chains0 = VM(mega).sh("iptables -w -t mangle -S HLF-GCE-PREROUTING").stdout
     assert "-i enp6s0 -j HLF-GCE-INGRESS-1" in chains0
-    implied = VM(vm0).sh("iptables -w -t mangle -S HLF-GCE-INGRESS-1").stdout
+    implied = VM(mega).sh("iptables -w -t mangle -S HLF-GCE-INGRESS-1").stdout
     assert "implied-deny-ingress 65535" in implied
-    chains1 = VM(vm1).sh("iptables -w -t mangle -S HLF-GCE-PREROUTING").stdout
+    chains1 = VM(ultra).sh("iptables -w -t mangle -S HLF-GCE-PREROUTING").stdout
     assert "-i enp192s20 -j HLF-GCE-INGRESS-1" in chains1  # net-1: a regular VPC
     assert "rdma0" not in chains1  # RoCE: no firewall rules on GCP
-    assert gce_firewall.vm_views(gpu_box)[vm1["container"]]["more_networks"].keys() == {
+    assert gce_firewall.vm_views(gpu_box)[ultra["container"]]["more_networks"].keys() == {
         "gpubox-net-1"
     }
 
 
-def reach(address: str, port: int = 22, seconds: float = 2) -> str:
+def reach(address: str, port: int = 22, seconds: float = 1) -> str:
     """From this machine (on every cluster network's bridge): 'open', 'refused' or 'timeout'."""
     try:
         socket.create_connection((address, port), timeout=seconds).close()
@@ -199,12 +170,12 @@ def reach(address: str, port: int = 22, seconds: float = 2) -> str:
 def test_a_gpu_vpcs_own_rule_opens_it(gpu_box):
     """default-allow-ssh (network default) lets SSH in on nic0 only: a tcpxo GPU VPC and net-1
     stay closed (implied deny) until a rule of theirs opens them; RDMA NICs are unfiltered."""
-    vm0, vm1 = gpu_box["nodes"]
-    enp6s0, enp7s0 = vm0["gpu_nics"][:2]
-    assert reach(vm0["vpc_address"]) == "open"
+    mega, ultra = gpu_box["nodes"]
+    enp6s0, enp7s0 = mega["gpu_nics"][:2]
+    assert reach(mega["vpc_address"]) == "open"
     assert reach(enp6s0["address"]) == "timeout"
-    assert reach(vm1["control_nics"][1]["address"]) == "timeout"
-    assert reach(vm1["gpu_nics"][0]["address"]) == "open"
+    assert reach(ultra["control_nics"][1]["address"]) == "timeout"
+    assert reach(ultra["gpu_nics"][0]["address"]) == "open"
     box = box_api.Box(gpu_box["gce"])
     link = f"https://www.googleapis.com/compute/v1/projects/{gpu_box['gce']['project']}"
     rule = {
@@ -228,12 +199,12 @@ def test_a_reset_vm_gets_its_nics_and_devices_back(gpu_box):
     again, and names all eleven NICs again (the API's reset: a restart)."""
     box = box_api.Box(gpu_box["gce"])
     try:
-        box.act("vm1", "reset")
+        box.act(gpu_box["nodes"][1]["name"], "reset")
     finally:
         box.close()
-    vm1 = gpu_box["nodes"][1]
-    links = VM(vm1).addresses()
-    assert {n["name"] for n in nics_of(vm1)} <= set(links)
+    ultra = gpu_box["nodes"][1]
+    links = VM(ultra).addresses()
+    assert {n["name"] for n in nics_of(ultra)} <= set(links)
     assert links["gpu7rdma0"]["mtu"] == 8896
-    assert VM(vm1).sh("ls /dev/infiniband").stdout.split() == [f"uverbs{i}" for i in range(8)]
-    assert VM(vm1).default_route()["dev"] == "enp0s19"
+    assert VM(ultra).sh("ls /dev/infiniband").stdout.split() == [f"uverbs{i}" for i in range(8)]
+    assert VM(ultra).default_route()["dev"] == "enp0s19"

@@ -1,85 +1,183 @@
-"""train.yml per network profile on the local cluster's GPU machine types (issue 17), to the
-launch: the plugin installed by its (stand-in) installer image, TCPXO's (stand-in) RxDM running,
-each rank's environment, mounts and devices as the profile says, and the negative cases named.
+"""train.yml per network profile on the local cluster's GPU machine types (issue 17), on the GCP
+path, to the launch: the firewall's rule per GPU VPC (none on the RoCE one), the plugin
+installed by its (stand-in) installer image, TCPXO's (stand-in) RxDM running, each rank's
+environment, mounts and devices as the profile says, cleanup.yml closing the GPU VPCs again,
+and the negative cases named.
 
-One cluster of its own, 'gpujob' (module scope): vm0, vm1 a3-megagpu-8g (tcpxo), vm2, vm3
-a3-ultragpu-8g (gib). Each pair gets its own inventory beside the cluster's (the local group
-vars apply). The job is the stand-in (tools/localcluster/standin: no torch, so no smoke test);
-the plugins and RxDM are the stand-ins of tools/localcluster/gpu_standins.py (no GPU, no
-Artifact Registry here): what is checked is what the collection does with them."""
+On the session's GPU cluster (conftest.gpu_cluster, shared with test_box_gpu_layouts). Each
+pair of conftest.GPU_PAIRS is a job of its own: the box's GCP-path inventory filtered on the
+pair's label, its firewall rules under a cluster name of its own. The job is the stand-in
+(tools/localcluster/standin: no torch, so no smoke test); the plugins and RxDM are the
+stand-ins of tools/localcluster/gpu_standins.py (no GPU, no Artifact Registry here): what is
+checked is what the collection does with them."""
 
+import concurrent.futures
 import json
+import shutil
+import subprocess
+import time
+from dataclasses import dataclass
 
 import pytest
 import yaml
-from conftest import PULL_VARS, ROOT, TRAIN, VM, play, run_playbook
-from localcluster import cluster, gpu_standins, spec, train_image
+from conftest import GPU_PAIRS, ROOT, TRAIN, VM, run_playbook
+from localcluster import box_api, cluster, gpu_standins, spec, train_image
 
 pytestmark = pytest.mark.cluster  # brings up a local cluster
 
-PAIRS = {"tcpxo": ("vm0", "vm1"), "gib": ("vm2", "vm3"), "mixed": ("vm1", "vm2")}
 # The stand-in job, detached: the play ends at the launch, the ranks keep running.
 JOB_VARS = {
     "preflight_smoke_test": False,  # the stand-in image has no torch
     "llamafactory_train_overrides": {"max_steps": 400, "save_steps": 400},
     "launch_wait": False,
 }
+CLEANUP = "playbooks/cleanup.yml"
+PORT = 31500  # a listener on every NIC of vm1, for the GPU VPCs' paths
+OPEN_WITHIN_S = 5.0
+# Serves one line to every connection, forever (the VM's python3; detached by docker exec -d).
+SERVE = f"""
+import socket
+server = socket.socket()
+server.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+server.bind(("0.0.0.0", {PORT}))
+server.listen(16)
+while True:
+    peer, _ = server.accept()
+    peer.sendall(b"pong\\n")
+    peer.close()
+"""
 
 
-def definition() -> spec.ClusterSpec:
-    """shift 7 on /24s no other test cluster uses (vpc 198.18.228.0/24, external
-    198.19.226.0/24; 'md', also shift 7, takes the default ones), the GPU networks derived
-    above them; the VPC open between the VMs (a fresh project's default-allow-internal)."""
-    rules = yaml.safe_load(spec.DEFAULT_DEFINITION.read_text())["firewall"]
-    internal = dict(spec.DEFAULT_ALLOW_INTERNAL, sourceRanges=["198.18.4.0/24"])
-    return spec.load(
-        name="gpujob",
-        shift=7,
-        networks={
-            "vpc": {"subnet": "198.18.4.0/24", "mtu": 1460},
-            "external": {"subnet": "198.19.2.0/24"},
-        },
-        vms=[
-            {"name": "vm0", "machine_type": "a3-megagpu-8g"},
-            {"name": "vm1", "machine_type": "a3-megagpu-8g"},
-            {"name": "vm2", "machine_type": "a3-ultragpu-8g"},
-            {"name": "vm3", "machine_type": "a3-ultragpu-8g"},
-        ],
-        firewall=[*rules, internal],
-    )
+@dataclass
+class GpuJobs:
+    inventories: dict[str, str]  # pair -> its GCP-path inventory folder
+    vms: dict[str, VM]
+    image: str  # the stand-in job's
+    box: box_api.Box
+    env: dict[str, str]  # how Ansible reaches the box's API
+
+    def run(self, pair, tmp_path, playbook=TRAIN, skip_tags=None, **extravars):
+        """One run for `pair`, its rules under the cluster name gpu-<pair>."""
+        result, _facts, _results = run_playbook(
+            self.inventories[pair],
+            tmp_path,
+            playbook,
+            {
+                "llamafactory_image": self.image,
+                "gcp_firewall_cluster_name": f"gpu-{pair}",
+                "launch_results_dir": str(tmp_path.parent / "results"),
+                **JOB_VARS,
+                **extravars,
+            },
+            envvars=self.env,
+            skip_tags=skip_tags,
+        )
+        return result
+
+
+def pair_inventory(state: dict, pair: str) -> str:
+    """The box's GCP-path inventory folder, copied with its dynamic inventory filtered on the
+    pair's label (the group_vars link comes along)."""
+    source = ROOT / state["gcp_inventory"]
+    folder = source.with_name(f"{source.name.removesuffix('.gcp')}-{pair}.gcp")
+    shutil.rmtree(folder, ignore_errors=True)
+    shutil.copytree(source, folder, symlinks=True)
+    config = folder / "gcp_compute.yml"
+    loaded = yaml.safe_load(config.read_text())
+    loaded["filters"] = [*loaded["filters"], f"labels.{pair} = yes"]
+    config.write_text(yaml.safe_dump(loaded, sort_keys=False))
+    return str(folder)
 
 
 @pytest.fixture(scope="module")
-def gpu_jobs():
-    """(inventory per pair, VM per name, the stand-in job's image)."""
-    found = definition()
-    state = cluster.up(found)
+def gpu_jobs(gpu_cluster):
+    """The GPU cluster with the stand-in job's image and each VM's profile's stand-ins loaded
+    (one stream per VM, the VMs in parallel) and an inventory per pair."""
     client = cluster.client()
     image = train_image.ensure_standin_image(client, cluster.cache_dir())
     gpu_standins.ensure_images(client, cluster.cache_dir())
-    for node in state["nodes"]:
-        profile = spec.MACHINE_TYPES[node["machine_type"]]["profile"]
-        train_image.load_into(node["container"], image)
-        gpu_standins.load_into(node["container"], gpu_standins.wanted(profile))
-    written = yaml.safe_load(found.inventory.read_text().split("\n---\n", 1)[1])
-    group = written["all"]["children"]["llamafactory"]
-    inventories = {}
-    for pair, names in PAIRS.items():
-        hosts = {
-            name: dict(group["hosts"][name], llamafactory_node_rank=rank)
-            for rank, name in enumerate(names)
-        }
-        path = found.inventory.with_name(f"gpujob-{pair}.yml")
-        path.write_text(
-            yaml.safe_dump(
-                {"all": {"children": {"llamafactory": {"hosts": hosts, "vars": group["vars"]}}}}
+    started = time.monotonic()
+    with concurrent.futures.ThreadPoolExecutor(len(gpu_cluster["nodes"])) as pool:
+        loads = [
+            pool.submit(
+                gpu_standins.load_into,
+                node["container"],
+                [image, *gpu_standins.wanted(spec.MACHINE_TYPES[node["machine_type"]]["profile"])],
             )
-        )
-        inventories[pair] = str(path)
-    yield inventories, {n["name"]: VM(n) for n in state["nodes"]}, image
-    for path in inventories.values():
-        ROOT.joinpath(path).unlink(missing_ok=True)
-    cluster.down(found)
+            for node in gpu_cluster["nodes"]
+        ]
+        for load in loads:
+            load.result()
+    print(f"images in every VM in {time.monotonic() - started:.1f} s")
+    inventories = {pair: pair_inventory(gpu_cluster, pair) for pair in GPU_PAIRS}
+    box = box_api.Box(gpu_cluster["gce"])
+    vms = {n["name"]: VM(n) for n in gpu_cluster["nodes"]}
+    try:
+        yield GpuJobs(inventories, vms, image, box, gpu_cluster["gce"]["env"])
+    finally:
+        box.close()
+        for folder in inventories.values():
+            shutil.rmtree(folder, ignore_errors=True)
+
+
+def rules(box) -> dict[str, dict]:
+    listed = box.call("GET", box.rules_url)
+    return {rule["name"]: rule for rule in listed.get("items", [])}
+
+
+def summary(result) -> str:
+    """The gcp_firewall role's report (its debug task's lines)."""
+    for host_results in result.results().values():
+        for item in host_results:
+            if str(item["task"]).startswith("Report the rules"):
+                return "\n".join(item["res"]["msg"])
+    raise AssertionError("the firewall role reported nothing")
+
+
+def role_tasks(result, role: str) -> list[dict]:
+    return [
+        e["event_data"]
+        for e in result.events
+        if e.get("event") in ("runner_on_ok", "runner_item_on_ok")
+        and e["event_data"].get("role") == role
+    ]
+
+
+def dial(vm: VM, target: str, source: str, wait: float = 1) -> str:
+    """From `vm`, bound to `source`: 'open', 'refused' or 'timeout'."""
+    script = (
+        "import socket, sys\n"
+        "try:\n"
+        f"    socket.create_connection(({target!r}, {PORT}), {wait}, ({source!r}, 0)).close()\n"
+        "    print('open')\n"
+        "except ConnectionRefusedError:\n"
+        "    print('refused')\n"
+        "except OSError:\n"
+        "    print('timeout')\n"
+    )
+    return vm.sh(f'python3 -c "{script}"').stdout.strip()
+
+
+def paths(source: VM, target: VM, nics: str, indexes) -> dict[str, str]:
+    """source's NIC to target's listener on the networks of their `nics` (control_nics or
+    gpu_nics) at `indexes`: network -> 'open', 'refused' or 'timeout'."""
+    found = {}
+    for index in indexes:
+        here, there = source.node[nics][index], target.node[nics][index]
+        found[there["gce_network"]] = dial(source, there["address"], here["address"])
+    return found
+
+
+def opened(source: VM, target: VM, nics: str, indexes) -> None:
+    started = time.monotonic()
+    while set(found := paths(source, target, nics, indexes).values()) != {"open"}:
+        assert time.monotonic() - started < OPEN_WITHIN_S, found
+
+
+def serve(vm: VM) -> None:
+    subprocess.run(
+        ["docker", "exec", "-d", vm.node["container"], "python3", "-c", SERVE], check=True
+    )
 
 
 def rank_of(vm, job):
@@ -108,17 +206,32 @@ def stop(vms, job):
         vm.sh(f"docker rm -f llamafactory-{job} >/dev/null 2>&1 || true")
 
 
-def test_tcpxo_pair_installs_the_plugin_runs_rxdm_and_launches_with_its_environment(
+def test_tcpxo_pair_opens_its_gpu_vpcs_installs_the_plugin_runs_rxdm_and_launches_with_its_env(
     gpu_jobs, tmp_path
 ):
-    inventories, vms, image = gpu_jobs
-    rc, _stats, failures, _events = play(
-        inventories["tcpxo"], tmp_path, "gpu-tcpxo", llamafactory_image=image, **JOB_VARS
-    )
-    assert rc == 0, failures
+    vms, box = gpu_jobs.vms, gpu_jobs.box
+    vm0, vm1 = vms["vm0"], vms["vm1"]
+    gpu_networks = [n["gce_network"] for n in vm0.node["gpu_nics"]]
+    serve(vm1)
+    result = gpu_jobs.run("tcpxo", tmp_path / "first", llamafactory_job="gpu-tcpxo")
+    assert result.rc == 0, result.failures()
     try:
-        vm0 = vms["vm0"]
         gpu_nics = ",".join(f"enp{n}s0" for n in (6, 7, 13, 14, 134, 135, 141, 142))
+        # The firewall: the nodes rule and one per GPU VPC (CLUSTER-nodes-NETWORK: the
+        # network's name has no leading CLUSTER- to drop), each from the nodes' NICs there.
+        held = {name: rule for name, rule in rules(box).items() if name.startswith("gpu-tcpxo-")}
+        assert set(held) == {"gpu-tcpxo-nodes", *(f"gpu-tcpxo-nodes-{n}" for n in gpu_networks)}
+        network_link = held["gpu-tcpxo-nodes"]["network"].rsplit("/", 1)[0]
+        for index, network in enumerate(gpu_networks):
+            rule = held[f"gpu-tcpxo-nodes-{network}"]
+            assert rule["network"] == f"{network_link}/{network}"
+            sources = sorted(f"{vm.node['gpu_nics'][index]['address']}/32" for vm in (vm0, vm1))
+            assert sorted(rule["sourceRanges"]) == sources
+            assert rule["description"].startswith("hostnet.llamafactory cluster gpu-tcpxo:")
+        assert sorted(held["gpu-tcpxo-nodes"]["sourceRanges"]) == sorted(
+            f"{vm.node['vpc_address']}/32" for vm in (vm0, vm1)
+        )
+        opened(vm0, vm1, "gpu_nics", (0, 7))  # the first and the last GPU VPC
         # The plugin from the installer image, with the marker of the installer it came from.
         listed = vm0.sh("ls /var/lib/tcpxo/lib64").stdout.split()
         assert {"nccl-env-profile.sh", "libnccl-net.so", "a3plus_guest_config.textproto"} <= set(
@@ -138,8 +251,8 @@ def test_tcpxo_pair_installs_the_plugin_runs_rxdm_and_launches_with_its_environm
             "Buffer manager initialization complete"
             in vm0.sh("docker logs receive-datapath-manager 2>&1").stdout
         )
-        for name in ("vm0", "vm1"):
-            inspected, env_file, agent, environ = rank_of(vms[name], "gpu-tcpxo")
+        for vm in (vm0, vm1):
+            inspected, env_file, agent, environ = rank_of(vm, "gpu-tcpxo")
             assert env_file["NCCL_FASTRAK_IFNAME"] == gpu_nics
             assert env_file["NCCL_FASTRAK_CTRL_DEV"] == "enp0s12"
             assert env_file["NCCL_SOCKET_IFNAME"] == "=enp0s12"
@@ -159,44 +272,56 @@ def test_tcpxo_pair_installs_the_plugin_runs_rxdm_and_launches_with_its_environm
             assert environ["LD_LIBRARY_PATH"].startswith(
                 "/var/lib/tcpxo/lib64:/usr/lib/x86_64-linux-gnu"
             )
-    finally:
-        stop([vms["vm0"], vms["vm1"]], "gpu-tcpxo")
-    # A second run changes nothing on the hosts' setup (the installer does not run again).
-    rc, _stats, failures, events = play(
-        inventories["tcpxo"],
-        tmp_path / "again",
-        "gpu-tcpxo-2",
-        llamafactory_image=image,
-        **JOB_VARS,
-    )
-    try:
-        assert rc == 0, failures
-        setup = [
-            e["event_data"]
-            for e in events
-            if e.get("event") in ("runner_on_ok", "runner_item_on_ok")
-            and e["event_data"].get("role") == "nccl_plugin"
-        ]
+        # train.yml again while the job runs (it attaches): the hosts' setup changes nothing (the
+        # installer does not run again, RxDM is left alone), nor does the firewall.
+        result = gpu_jobs.run("tcpxo", tmp_path / "again", llamafactory_job="gpu-tcpxo")
+        assert result.rc == 0, result.failures()
+        setup = role_tasks(result, "nccl_plugin")
         assert setup, "nccl_plugin did not run"
-        changed = [d["task"] for d in setup if d["res"].get("changed")]
-        assert changed == []
+        assert [d["task"] for d in setup if d["res"].get("changed")] == []
         assert not any(d["task"].startswith("Run the installer") for d in setup)
+        report = summary(result).splitlines()
+        assert all(line.endswith(": no change") for line in report), report
+        rxdm_again = json.loads(vm0.sh("docker inspect receive-datapath-manager").stdout)[0]
+        assert rxdm_again["State"]["StartedAt"] == rxdm["State"]["StartedAt"]
     finally:
-        stop([vms["vm0"], vms["vm1"]], "gpu-tcpxo-2")
+        stop([vm0, vm1], "gpu-tcpxo")
 
 
-def test_gib_pair_installs_the_plugin_and_passes_the_rdma_devices(gpu_jobs, tmp_path):
-    inventories, vms, image = gpu_jobs
-    rc, _stats, failures, _events = play(
-        inventories["gib"], tmp_path, "gpu-gib", llamafactory_image=image, **JOB_VARS
-    )
-    assert rc == 0, failures
+def test_gib_pair_opens_its_control_vpcs_only_installs_the_plugin_and_passes_the_rdma_devices(
+    gpu_jobs, tmp_path
+):
+    vms, box = gpu_jobs.vms, gpu_jobs.box
+    vm2, vm3 = vms["vm2"], vms["vm3"]
+    boot = rules(box)
+    # A rule of the project with a name of the role's pattern but not its mark (made by hand).
+    net1 = vm2.node["control_nics"][1]["gce_network"]
+    by_hand = {
+        "name": "gpu-gib-nodes-by-hand",
+        "description": "made by hand",
+        "network": boot["default-allow-ssh"]["network"].replace("/default", f"/{net1}"),
+        "sourceRanges": ["198.18.3.99/32"],
+        "allowed": [{"IPProtocol": "tcp", "ports": ["1"]}],
+    }
+    box.insert_rule(by_hand)
+    serve(vm3)
+    result = gpu_jobs.run("gib", tmp_path / "first", llamafactory_job="gpu-gib")
     try:
-        vm2 = vms["vm2"]
+        assert result.rc == 0, result.failures()
+        # The nodes rule and one for the second control NIC's VPC (net-1); none on the RoCE
+        # VPC, and the report says why.
+        held = rules(box)
+        assert set(held) - set(boot) - {by_hand["name"]} == {
+            "gpu-gib-nodes",
+            f"gpu-gib-nodes-{net1}",
+        }
+        assert held[by_hand["name"]]["description"] == "made by hand"
+        assert "an RDMA VPC" in summary(result)
+        opened(vm2, vm3, "control_nics", (1,))
         assert vm2.sh("test -f /var/lib/gib/scripts/set_nccl_env.sh", check=False).returncode == 0
         assert vm2.sh("docker inspect receive-datapath-manager", check=False).returncode != 0
-        for name in ("vm2", "vm3"):
-            inspected, env_file, _agent, environ = rank_of(vms[name], "gpu-gib")
+        for vm in (vm2, vm3):
+            inspected, env_file, _agent, environ = rank_of(vm, "gpu-gib")
             assert env_file["NCCL_NET"] == "gIB"
             assert env_file["NCCL_SOCKET_IFNAME"] == "=enp0s19,enp192s20"
             assert "NCCL_IB_DISABLE" not in env_file
@@ -207,37 +332,35 @@ def test_gib_pair_installs_the_plugin_and_passes_the_rdma_devices(gpu_jobs, tmp_
             assert environ["NCCL_NET"] == "gIB"
             assert environ["LD_LIBRARY_PATH"].startswith("/var/lib/gib/lib64:")
     finally:
-        stop([vms["vm2"], vms["vm3"]], "gpu-gib")
+        # cleanup.yml: the job's ranks, then (no job left) its rules, the hand-made one kept.
+        cleaned = gpu_jobs.run("gib", tmp_path / "cleanup", CLEANUP, llamafactory_job="gpu-gib")
+        assert cleaned.rc == 0, cleaned.failures()
+    assert set(rules(box)) == set(boot) | {by_hand["name"]}
+    assert paths(vm2, vm3, "control_nics", (1,)) == {net1: "timeout"}
+    box.delete_rule(by_hand["name"])
 
 
 def test_the_negative_cases_are_named_before_the_ranks_start(gpu_jobs, tmp_path):
-    inventories, vms, image = gpu_jobs
+    vms = gpu_jobs.vms
     # Nodes whose machine types call for different profiles: refused at discovery.
-    rc, _stats, failures, _events = play(
-        inventories["mixed"], tmp_path / "mixed", "gpu-mixed", llamafactory_image=image, **JOB_VARS
-    )
-    assert rc != 0
-    assert "different NCCL transports" in json.dumps(failures)
-    assert '"vm1": "tcpxo: machine type a3-megagpu-8g"' in json.dumps(failures).replace('\\"', '"')
+    result = gpu_jobs.run("mixed", tmp_path / "mixed", llamafactory_job="gpu-mixed")
+    assert result.rc != 0
+    text = json.dumps(result.failures()).replace('\\"', '"')
+    assert "different NCCL transports" in text
+    assert '"vm1": "tcpxo: machine type a3-megagpu-8g"' in text, text
     # A profile that contradicts the machine type: the fix named.
-    rc, _stats, failures, _events = play(
-        inventories["gib"],
+    result = gpu_jobs.run(
+        "gib",
         tmp_path / "wrong",
-        "gpu-wrong",
-        llamafactory_image=image,
+        llamafactory_job="gpu-wrong",
         llamafactory_network_profile="tcpxo",
-        **JOB_VARS,
     )
-    assert rc != 0
-    assert "a3-ultragpu-8g uses gib" in json.dumps(failures)
+    assert result.rc != 0
+    assert "a3-ultragpu-8g uses gib" in json.dumps(result.failures())
     # The plugin gone from a node, its host setup skipped: the preflight names it, no rank starts.
     vms["vm3"].sh("rm -rf /var/lib/gib")
-    result, _facts, _results = run_playbook(
-        inventories["gib"],
-        tmp_path / "missing",
-        TRAIN,
-        {**PULL_VARS, "llamafactory_job": "gpu-missing", "llamafactory_image": image, **JOB_VARS},
-        skip_tags="nccl_plugin_install",
+    result = gpu_jobs.run(
+        "gib", tmp_path / "missing", llamafactory_job="gpu-missing", skip_tags="nccl_plugin_install"
     )
     assert result.rc != 0
     text = json.dumps(result.failures())
