@@ -66,13 +66,15 @@ class VM:
     def default_route(self) -> dict:
         return json.loads(self.sh("ip -j route show default").stdout)[0]
 
-    def connect(self, address: str, port: int, seconds: float = 3) -> str:
-        """A TCP connection from this VM: 'open', 'refused' (the peer answered: nothing listens)
-        or 'timeout' (dropped on the way, as a VPC firewall drops it)."""
+    def connect(self, address: str, port: int, seconds: float = 3, source: str = "") -> str:
+        """A TCP connection from this VM (from `source`, one of its addresses, if given): 'open',
+        'refused' (the peer answered: nothing listens) or 'timeout' (dropped on the way, as a
+        VPC firewall drops it)."""
         script = (
             "import socket, sys\n"
             "try:\n"
-            f"    socket.create_connection(({address!r}, {port}), timeout={seconds}).close()\n"
+            f"    peer = ({address!r}, {port})\n"
+            f"    socket.create_connection(peer, {seconds}, ({source!r}, 0)).close()\n"
             "    print('open')\n"
             "except ConnectionRefusedError:\n"
             "    print('refused')\n"

@@ -143,28 +143,13 @@ def role_tasks(result, role: str) -> list[dict]:
     ]
 
 
-def dial(vm: VM, target: str, source: str, wait: float = 1) -> str:
-    """From `vm`, bound to `source`: 'open', 'refused' or 'timeout'."""
-    script = (
-        "import socket, sys\n"
-        "try:\n"
-        f"    socket.create_connection(({target!r}, {PORT}), {wait}, ({source!r}, 0)).close()\n"
-        "    print('open')\n"
-        "except ConnectionRefusedError:\n"
-        "    print('refused')\n"
-        "except OSError:\n"
-        "    print('timeout')\n"
-    )
-    return vm.sh(f'python3 -c "{script}"').stdout.strip()
-
-
 def paths(source: VM, target: VM, nics: str, indexes) -> dict[str, str]:
     """source's NIC to target's listener on the networks of their `nics` (control_nics or
     gpu_nics) at `indexes`: network -> 'open', 'refused' or 'timeout'."""
     found = {}
     for index in indexes:
         here, there = source.node[nics][index], target.node[nics][index]
-        found[there["gce_network"]] = dial(source, there["address"], here["address"])
+        found[there["gce_network"]] = source.connect(there["address"], PORT, 1, here["address"])
     return found
 
 
