@@ -210,15 +210,6 @@ def machine_nics(vm: VM) -> list[MachineNic]:
     return nics
 
 
-def pci_slots(vm: VM) -> dict[str, str]:
-    """NIC name -> PCI address for the VM's NICs that have one on GCP (the control NICs, the
-    tcpxo types' GPU NICs; machine_nics' pci_slot, which the box's state records per NIC). Not
-    handed to Ansible: each is the address the NIC's systemd name encodes (a unit test holds them
-    to it), which the discovery derives itself for the box's veth NICs, which have no PCI device
-    (llamafactory_local_cluster: primary_nic's pci_slots_from_names)."""
-    return {nic.name: nic.pci_slot for nic in machine_nics(vm) if nic.pci_slot}
-
-
 def gpu_network_mtu(layout: dict, role: str) -> int:
     if role.startswith("control"):
         return CONTROL_MTU[layout["profile"]]
