@@ -120,11 +120,6 @@ def gpu_jobs(gpu_cluster):
             shutil.rmtree(folder, ignore_errors=True)
 
 
-def rules(box) -> dict[str, dict]:
-    listed = box.call("GET", box.rules_url)
-    return {rule["name"]: rule for rule in listed.get("items", [])}
-
-
 def summary(result) -> str:
     """The gcp_firewall role's report (its debug task's lines)."""
     for host_results in result.results().values():
@@ -204,7 +199,7 @@ def test_tcpxo_pair_opens_its_gpu_vpcs_installs_the_plugin_runs_rxdm_and_launche
         gpu_nics = ",".join(f"enp{n}s0" for n in (6, 7, 13, 14, 134, 135, 141, 142))
         # The firewall: the nodes rule and one per GPU VPC (CLUSTER-nodes-NETWORK: the
         # network's name has no leading CLUSTER- to drop), each from the nodes' NICs there.
-        held = {name: rule for name, rule in rules(box).items() if name.startswith("gpu-tcpxo-")}
+        held = {name: rule for name, rule in box.rules().items() if name.startswith("gpu-tcpxo-")}
         assert set(held) == {"gpu-tcpxo-nodes", *(f"gpu-tcpxo-nodes-{n}" for n in gpu_networks)}
         network_link = held["gpu-tcpxo-nodes"]["network"].rsplit("/", 1)[0]
         for index, network in enumerate(gpu_networks):
@@ -278,7 +273,7 @@ def test_gib_pair_opens_its_control_vpcs_only_installs_the_plugin_and_passes_the
 ):
     vms, box = gpu_jobs.vms, gpu_jobs.box
     vm2, vm3 = vms["vm2"], vms["vm3"]
-    boot = rules(box)
+    boot = box.rules()
     # A rule of the project with a name of the role's pattern but not its mark (made by hand).
     net1 = vm2.node["control_nics"][1]["gce_network"]
     by_hand = {
@@ -295,7 +290,7 @@ def test_gib_pair_opens_its_control_vpcs_only_installs_the_plugin_and_passes_the
         assert result.rc == 0, result.failures()
         # The nodes rule and one for the second control NIC's VPC (net-1); none on the RoCE
         # VPC, and the report says why.
-        held = rules(box)
+        held = box.rules()
         assert set(held) - set(boot) - {by_hand["name"]} == {
             "gpu-gib-nodes",
             f"gpu-gib-nodes-{net1}",
@@ -320,7 +315,7 @@ def test_gib_pair_opens_its_control_vpcs_only_installs_the_plugin_and_passes_the
         # cleanup.yml: the job's ranks, then (no job left) its rules, the hand-made one kept.
         cleaned = gpu_jobs.run("gib", tmp_path / "cleanup", CLEANUP, llamafactory_job="gpu-gib")
         assert cleaned.rc == 0, cleaned.failures()
-    assert set(rules(box)) == set(boot) | {by_hand["name"]}
+    assert set(box.rules()) == set(boot) | {by_hand["name"]}
     assert paths(vm2, vm3, "control_nics", (1,)) == {net1: "timeout"}
     box.delete_rule(by_hand["name"])
 

@@ -77,6 +77,11 @@ class Box:
 
     # -- firewall rules -------------------------------------------------------------------------
 
+    def rules(self) -> dict[str, dict]:
+        """The project's rules by name."""
+        listed = self.call("GET", self.rules_url)
+        return {rule["name"]: rule for rule in listed.get("items", [])}
+
     def rule(self, name: str) -> dict | None:
         answer = self.session.get(f"{self.rules_url}/{name}", timeout=30)
         if answer.status_code == 404:
