@@ -594,6 +594,7 @@ _add("launch_max_restarts", "int", "launch", default=2, low=0, high=100)
 _add("launch_peer_timeout", "int", "launch", default=120, low=0)
 _add("launch_agent_port", "int", "launch", nullable=True, low=1024, high=65535)
 _add("launch_results_dir", "path", "launch", check=_controller_path)
+_add("launch_fetch_model_max_mb", "float", "launch", default=2048, low=0)
 
 _add("job_admin_cleanup_outputs", "bool", "job_admin", default=False)
 
@@ -1041,6 +1042,16 @@ def validate(
             "set both (for Artifact Registry, llamafactory_registry_username=oauth2accesstoken "
             "with an access token)."
         )
+    # A deleted VM's disk goes with it: delete only what is also somewhere else.
+    if purpose in ("train", "admin") and not values["launch_fetch_model_max_mb"]:
+        for name in ("gcp_instances_when_done", "gcp_instances_when_failed"):
+            if values[name] == "delete":
+                note(
+                    "%s is delete but launch_fetch_model_max_mb is 0: the VMs' disks would go "
+                    "with the only copy of the trained model and its checkpoints. Let the model "
+                    "come to the controller (launch_fetch_model_max_mb, default 2048), or set %s "
+                    "to stop (the disks stay, no GPU is billed) or keep." % (name, name)
+                )
     # Without host networking the ranks run without their agents, and the wait polls every
     # node at once (with them it holds one fork: rank 0's agent watches the others).
     waits = purpose == "train" and values["launch_wait"]

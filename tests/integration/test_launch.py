@@ -6,6 +6,7 @@ session's cluster without depending on each other, except where a test says it c
 job (the re-run of `e2e`).
 """
 
+import hashlib
 import json
 import threading
 import time
@@ -126,17 +127,38 @@ def test_the_rank_environment_names_the_vpc_and_each_nodes_nic(e2e):
         assert f"deepspeed: {JOBS}/e2e/deepspeed.json" in config
 
 
-def test_results_reach_the_controller(e2e):
+def test_results_and_the_adapter_reach_the_controller(e2e):
+    """The adapter itself, byte for byte what rank 0 wrote (its SHA-256 on the node)."""
     results = e2e["tmp"] / "results" / "e2e"
     assert json.loads((results / "trainer_log.jsonl").read_text().splitlines()[-1])
     assert (results / "training_loss.png").read_bytes()[:4] == b"\x89PNG"
-    assert "adapter_model.safetensors" in (results / "adapter-files.txt").read_text()
+    vm0 = e2e["vms"][0]
+    on_node = dict(
+        reversed(line.split("  ", 1))
+        for line in vm0.sh(
+            f"cd {JOBS}/e2e/output && find . -maxdepth 1 -type f ! -name '.*' -printf '%f\\0' "
+            "| xargs -0 sha256sum"
+        ).stdout.splitlines()
+    )
+    adapter = results / "adapter"
+    here = {
+        p.name: hashlib.sha256(p.read_bytes()).hexdigest()
+        for p in adapter.iterdir()
+        if p.name != "SHA256SUMS"
+    }
+    assert {"adapter_model.safetensors", "adapter_config.json"} <= set(here)
+    assert here == on_node
+    assert (adapter / "SHA256SUMS").read_text() == "".join(
+        f"{on_node[name]}  {name}\n" for name in sorted(on_node)
+    )
     messages = [
-        str(e["event_data"]["res"].get("msg"))
+        e["event_data"]["res"].get("msg")
         for e in e2e["events"]
         if e.get("event") == "runner_on_ok" and "Summarize" in str(e["event_data"].get("task"))
     ]
-    assert messages and "job e2e finished: 12 steps" in messages[0]
+    assert messages and "job e2e finished: 12 steps" in messages[0][0]
+    assert messages[0][1].startswith(f"the adapter on this machine: {adapter} (")
+    assert f"--adapter_name_or_path {adapter} --template " in messages[0][2]
 
 
 def test_a_second_run_changes_nothing(e2e):
@@ -434,6 +456,19 @@ def test_status_stop_and_cleanup(e2e, box, tmp_path):
             "| grep -vx llamafactory-e2e | xargs -r docker rm -f"
         )
     assert box.rule(NODES_RULE) is not None
+    # The outputs asked for, with no copy of the adapter on this controller: refused, nothing
+    # removed (the nodes hold the only copy).
+    rc, stats, failures, _events = play(
+        inventory,
+        tmp_path / "elsewhere" / "clean",
+        "e2e",
+        "playbooks/cleanup.yml",
+        job_admin_cleanup_outputs=True,
+    )
+    assert rc != 0 and changed(stats) == {}
+    assert "holds the only copy of job e2e's outputs" in failures["vm0"]["msg"]
+    assert "Nothing was removed" in failures["vm0"]["msg"]
+    assert container(vm0, "e2e") is not None
     rc, stats, failures, _events = play(
         inventory, tmp_path / "clean", "e2e", "playbooks/cleanup.yml"
     )
@@ -448,3 +483,14 @@ def test_status_stop_and_cleanup(e2e, box, tmp_path):
         inventory, tmp_path / "again", "e2e", "playbooks/cleanup.yml"
     )
     assert rc == 0 and changed(stats) == {}, failures
+    # With the adapter here (the first run's results folder), the outputs go too.
+    rc, stats, failures, _events = play(
+        inventory,
+        e2e["tmp"] / "outputs",
+        "e2e",
+        "playbooks/cleanup.yml",
+        job_admin_cleanup_outputs=True,
+    )
+    assert rc == 0, failures
+    for vm in (vm0, vm1):
+        assert vm.sh(f"test -e {JOBS}/e2e", check=False).returncode != 0

@@ -210,7 +210,7 @@ def test_a_stopped_vm_is_started_the_job_resumes_and_the_vms_stop_when_done(
             )
         tasks = [e["event_data"]["task"] for e in events if e.get("event") == "runner_on_ok"]
         assert tasks.index(
-            "Bring the training log, the loss plot and the adapter's file list to the controller"
+            "Bring the training log, the loss plot and the trained model to the controller"
         ) < tasks.index("Stop or delete the VM through the Compute Engine API")
     finally:
         thread.join(900)
@@ -218,6 +218,29 @@ def test_a_stopped_vm_is_started_the_job_resumes_and_the_vms_stop_when_done(
             if box.instance(vm.name)["status"] != "RUNNING":
                 box.act(vm.name, "start")
         follow_restarts(test_cluster, vms)  # new external addresses, for the later tests
+    # Delete with the adapter too large to bring to the controller: every VM is kept, and the
+    # play says why and where the adapter is.
+    rc, _stats, failures, events = attach(
+        inventory,
+        tmp_path / "delete",
+        job,
+        overrides=longer,
+        gcp_instances_when_done="delete",
+        launch_fetch_model_max_mb=0.000001,
+    )
+    assert rc != 0
+    message = failures["vm0"]["msg"]
+    kept = "The job finished, but every VM is kept (gcp_instances_when_done: delete)"
+    assert message.startswith(kept)
+    assert "over launch_fetch_model_max_mb 1e-06" in message
+    assert f"vm0:{JOBS}/{job}/output yourself" in message
+    assert "Stop or delete the VM through the Compute Engine API" not in [
+        e["event_data"]["task"] for e in events if e.get("event") == "runner_on_ok"
+    ]
+    for vm in vms:
+        assert box.instance(vm.name)["status"] == "RUNNING"
+    # With the adapter on the controller, the delete goes ahead - and is refused for VMs the
+    # launch did not label.
     rc, _stats, failures, events = attach(
         inventory, tmp_path / "delete", job, overrides=longer, gcp_instances_when_done="delete"
     )

@@ -118,3 +118,14 @@ def test_good_input_passes_the_checks_and_then_reaches_for_the_nodes(tmp_path):
     result = run(tmp_path)
     assert result.rc != 0 and result.failures() == {}
     assert "trainer-0" in result.unreachable()  # rank 0's discovery is the first task on a node
+
+
+def test_deleting_the_vms_that_hold_the_only_copy_of_the_model_is_refused(tmp_path):
+    """when_done: delete with the model kept off the controller would delete the trained model
+    with the VMs' disks: refused before any node is contacted."""
+    result = run(
+        tmp_path,
+        extravars={"gcp_instances_when_done": "delete", "launch_fetch_model_max_mb": 0},
+    )
+    assert result.rc != 0 and result.unreachable() == []
+    assert "gcp_instances_when_done is delete but launch_fetch_model_max_mb is 0" in message(result)

@@ -1,22 +1,23 @@
-"""job_results' helpers: matching names as ansible.builtin.find does, the listing, whole writes."""
+"""job_results' helpers: the model's files, SHA256SUMS, whole writes."""
 
 from ansible_collections.hostnet.llamafactory.plugins.module_utils import _results as node
 from ansible_collections.hostnet.llamafactory.plugins.plugin_utils import _results as controller
 
 
-def test_matching_names_are_sorted_and_hidden_ones_need_a_pattern_of_their_own():
-    names = ["b.safetensors", "adapter_config.json", ".x.safetensors", "README.md", ".keep"]
-    assert node.matching(names, ["adapter_*", "*.safetensors"]) == [
-        "adapter_config.json",
-        "b.safetensors",
+def test_the_model_is_the_visible_files_at_the_top_of_the_output_folder(tmp_path):
+    for name in ("adapter_model.safetensors", "README.md", ".hidden"):
+        (tmp_path / name).write_text(name)
+    (tmp_path / "checkpoint-5").mkdir()
+    (tmp_path / "link").symlink_to(tmp_path / "README.md")
+    assert node.model_files(str(tmp_path)) == [
+        {"name": "README.md", "size": 9},
+        {"name": "adapter_model.safetensors", "size": 25},
     ]
-    assert node.matching(names, [".k*"]) == [".keep"]
 
 
-def test_the_listing_names_each_file_and_its_size_under_its_header():
-    files = [{"name": "b", "size": 2}, {"name": "a", "size": 10}]
-    assert controller.listing_text("h:/out", files) == "# h:/out\na 10\nb 2\n"
-    assert controller.listing_text("", []) == "\n"
+def test_the_sums_file_is_what_sha256sum_checks():
+    files = [{"name": "b", "sha256": "2" * 64}, {"name": "a", "sha256": "1" * 64}]
+    assert controller.sums_text(files) == f"{'1' * 64}  a\n{'2' * 64}  b\n"
 
 
 def test_a_write_is_whole_and_the_checksums_are_of_what_is_there(tmp_path):
@@ -29,3 +30,5 @@ def test_a_write_is_whole_and_the_checksums_are_of_what_is_there(tmp_path):
     assert controller.known_checksums(str(tmp_path), ["f", "absent"]) == {
         "f": node.checksum(b"new")
     }
+    assert controller.folder_checksums(str(tmp_path)) == {"f": node.checksum(b"new")}
+    assert controller.folder_checksums(str(tmp_path / "absent")) == {}

@@ -459,6 +459,24 @@ CATALOGUE = [
         "use one of",
     ),
     case(
+        "model-max",
+        {"launch_fetch_model_max_mb": -1},
+        "launch_fetch_model_max_mb",
+        "at least 0",
+    ),
+    case(
+        "delete-without-model",
+        {"gcp_instances_when_done": "delete", "launch_fetch_model_max_mb": 0},
+        "gcp_instances_when_done",
+        "launch_fetch_model_max_mb",
+    ),
+    case(
+        "delete-failed-without-model",
+        {"gcp_instances_when_failed": "delete", "launch_fetch_model_max_mb": 0},
+        "gcp_instances_when_failed",
+        "to stop (the disks stay",
+    ),
+    case(
         "instance-label",
         {"gcp_instances_label": "Job Owner"},
         "gcp_instances_label",
@@ -927,6 +945,15 @@ def test_a_stopped_vm_is_refused_by_name_before_any_node_is_contacted():
         ]
     assert check(instances={"vm0": running, "vm1": running})[1] == []
     assert check(purpose="admin", instances=stopped, changes={"llamafactory_job": "x"})[1] == []
+
+
+def test_delete_is_refused_only_where_the_vms_disks_hold_the_only_copy():
+    """The data-loss guard: deleting the VMs needs the model brought to the controller first."""
+    for when in ("gcp_instances_when_done", "gcp_instances_when_failed"):
+        _plan, problems = check({when: "delete", "launch_fetch_model_max_mb": 0})
+        assert [p for p in problems if p.startswith(when + " is delete")], problems
+        assert check({when: "delete"})[1] == []  # the model comes home (the default)
+        assert check({when: "stop", "launch_fetch_model_max_mb": 0})[1] == []
 
 
 def test_facts_and_role_values_are_not_reported():
