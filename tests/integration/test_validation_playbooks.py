@@ -24,7 +24,9 @@ def good_config(folder: Path) -> Path:
     return path
 
 
-def run(tmp_path: Path, playbook="playbooks/train.yml", host_vars=None, **options):
+def run(
+    tmp_path: Path, playbook="playbooks/train.yml", host_vars=None, group="llamafactory", **options
+):
     """`playbook` on two unreachable GCP nodes with a good job, changed by `extravars`."""
     hosts = {
         "trainer-0": {"ansible_host": "127.0.0.1", "ansible_port": 9},
@@ -40,7 +42,7 @@ def run(tmp_path: Path, playbook="playbooks/train.yml", host_vars=None, **option
         **options.pop("extravars", {}),
     }
     extravars = {k: v for k, v in extravars.items() if v is not None}
-    inventory = {"all": {"children": {"llamafactory": {"hosts": hosts}}}}
+    inventory = {"all": {"children": {group: {"hosts": hosts}}}}
     return ansible_run.run(
         tmp_path / "runner",
         inventory,
@@ -129,3 +131,31 @@ def test_deleting_the_vms_that_hold_the_only_copy_of_the_model_is_refused(tmp_pa
     )
     assert result.rc != 0 and result.unreachable() == []
     assert "gcp_instances_when_done is delete but launch_fetch_model_max_mb is 0" in message(result)
+
+
+PLAYBOOKS = ["train", "status", "stop", "cleanup", "wait", "doctor", "discover"]
+
+
+def test_every_playbook_fails_when_the_inventory_has_no_llamafactory_group(tmp_path):
+    """An inventory that names its group otherwise used to skip every play and end green."""
+    for name in PLAYBOOKS:
+        result = run(
+            tmp_path / name,
+            f"playbooks/{name}.yml",
+            group="trainers",
+            extravars={"llamafactory_job": "sft"},
+        )
+        assert result.rc != 0 and result.unreachable() == [], name
+        text = message(result)
+        assert "The inventory has no host in the group 'llamafactory'" in text, (name, text)
+        assert "(groups found: trainers; hosts: trainer-0, trainer-1)" in text, (name, text)
+
+
+def test_every_playbook_of_the_collection_requires_the_group_first():
+    """The guard above, for a playbook added later: each imports require_nodes.yml first."""
+    folder = ansible_run.ROOT / "playbooks"
+    names = sorted(p.stem for p in folder.glob("*.yml") if p.stem != "require_nodes")
+    assert names == sorted(PLAYBOOKS)
+    for name in names:
+        plays = yaml.safe_load((folder / f"{name}.yml").read_text())
+        assert plays[0].get("ansible.builtin.import_playbook") == "require_nodes.yml", name
