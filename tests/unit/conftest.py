@@ -7,12 +7,12 @@ from pathlib import Path
 
 import pytest
 
-FAKE_COMPUTE = Path(__file__).resolve().parents[1] / "fakes" / "compute_api.py"
+FAKE_COMPUTE = Path(__file__).resolve().parents[2] / "tools" / "localcluster" / "compute_api.py"
 
 
 @pytest.fixture(scope="module")
 def fake_api(tmp_path_factory):
-    """The fake Compute Engine API (tests/fakes/compute_api.py) as a daemon for the module's
+    """The fake Compute Engine API (tools/localcluster/compute_api.py) as a daemon for the module's
     tests: its client.json (proxy, CA, token, control URL, env)."""
     state = tmp_path_factory.mktemp("fake-compute")
     start = [sys.executable, str(FAKE_COMPUTE), "start", "--state", str(state), "--idle", "120"]

@@ -1,16 +1,9 @@
-"""The contract check (tests/fakes/compute_contract.py) against Google's Compute Engine v1
+"""The contract check (tests/compute_contract.py) against Google's Compute Engine v1
 discovery document: what it accepts, and one test for each kind of violation it must catch."""
 
-import importlib.util
-from pathlib import Path
-
+import compute_contract
 import pytest
 
-SPEC = importlib.util.spec_from_file_location(
-    "compute_contract", Path(__file__).resolve().parents[2] / "fakes" / "compute_contract.py"
-)
-compute_contract = importlib.util.module_from_spec(SPEC)
-SPEC.loader.exec_module(compute_contract)
 validate_request = compute_contract.validate_request
 validate_response = compute_contract.validate_response
 validate_log = compute_contract.validate_log

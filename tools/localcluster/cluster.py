@@ -25,7 +25,7 @@ import docker
 import docker.errors
 import yaml
 
-from . import gce_control, gce_firewall, gce_metadata, images
+from . import compute_service, gce_firewall, gce_metadata, images
 from .spec import VM, ClusterSpec, machine_nics, repo_root, to_raw
 from .util import ClusterError, log, pipe, run, wait_until
 
@@ -131,7 +131,7 @@ def up(spec: ClusterSpec) -> dict:
         same = all(c.labels.get(SPEC_LABEL) == wanted and c.status == "running" for c in vms)
         if same and len(vms) == len(spec.vms) and (state_dir(spec) / "state.json").exists():
             log(f"cluster {spec.name}: already up as defined")
-            state = gce_control.start(state_dir(spec))  # the fake Compute Engine API
+            state = compute_service.start(state_dir(spec))  # the fake Compute Engine API
             _check_ssh(state)
             write_inventory(spec, state)
             return state
@@ -199,7 +199,7 @@ def up(spec: ClusterSpec) -> dict:
     write_known_hosts(directory, nodes)
     _check_ssh(state)
     (directory / "state.json").write_text(json.dumps(state, indent=2) + "\n")
-    state = gce_control.start(directory)  # the fake Compute Engine API, as a service
+    state = compute_service.start(directory)  # the fake Compute Engine API, as a service
     write_inventory(spec, state)
     log(
         f"cluster {spec.name}: up in {time.monotonic() - started:.1f} s; inventory {spec.inventory}"
@@ -823,7 +823,7 @@ def leftovers(docker_client, name: str) -> list[str]:
 
 def down(spec: ClusterSpec, quiet: bool = False) -> None:
     docker_client = client()
-    gce_control.stop(state_dir(spec))
+    compute_service.stop(state_dir(spec))
     label = {"label": f"{CLUSTER_LABEL}={spec.name}"}
     for container in docker_client.containers.list(all=True, filters=label):
         container.remove(force=True, v=True)

@@ -1,4 +1,6 @@
-"""A fake Compute Engine API: a test double for compute.googleapis.com, which tests cannot reach.
+"""A fake Compute Engine API: a stand-in for compute.googleapis.com, which neither the local
+cluster nor the tests can reach - the local cluster's control plane (with gce_control.py's
+backend, started by compute_service.py) and the tests' double.
 
 It follows the Compute Engine v1 REST contract for what google.cloud.gcp_compute_firewall and
 gcp_compute_firewall_info use (https://cloud.google.com/compute/docs/reference/rest/v1/firewalls
@@ -71,13 +73,13 @@ as Google's: 400 {"error": "invalid_grant" | "unsupported_grant_type" | "invalid
 "error_description"}.
 
 It is checked against Google's published contract, not only against these notes:
-compute_contract.py loads the Compute Engine v1 discovery document that ships in
+tests/compute_contract.py loads the Compute Engine v1 discovery document that ships in
 google-api-python-client (compute.v1.json), and its validate_log takes this fake's log (GET
 history) and checks each exchange: the method and path are a method of the document, the path
 parameters match their patterns, the query parameters are the method's or the standard ones, the
 request body fits the method's request schema (a request that does not must have been refused),
 and the answer fits its response schema (no field the document lacks, int64 as strings, enums)
-or is Google's JSON error. tests/unit/fakes/test_compute_api.py,
+or is Google's JSON error. tests/unit/tools/test_compute_api.py,
 tests/unit/inventories/test_gcp_compute.py and the gcp_firewall molecule verifier assert that
 every exchange of their runs passes.
 
@@ -942,8 +944,11 @@ def make_service_account(path, project):
 
 
 def cluster_backend(cluster_state):
-    """The local cluster's backend (tools/localcluster/gce_control.py)."""
-    sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "tools"))
+    """The local cluster's backend (gce_control.py, beside this file; this file also runs as a
+    script, outside its package, so the package is found from here)."""
+    tools = str(Path(__file__).resolve().parents[1])
+    if tools not in sys.path:
+        sys.path.insert(0, tools)
     from localcluster import gce_control
 
     return gce_control.ClusterBackend(cluster_state)

@@ -1,5 +1,5 @@
-"""The local cluster's control plane: the fake Compute Engine API (tests/fakes/compute_api.py)
-answering for the cluster's VMs and acting on them, as Compute Engine does for real VMs.
+"""The local cluster's control plane: the fake Compute Engine API (compute_api.py) answering for
+the cluster's VMs and acting on them, as Compute Engine does for real VMs.
 
 `ClusterBackend` is what the fake uses when started with `--cluster STATE_DIR`: its instances
 are the cluster's VM containers, read live from Docker and STATE_DIR/state.json at every request:
@@ -26,17 +26,14 @@ filter, the hosts file: cluster.configure_network), then systemd, sshd and docke
 reset = a restart (the external address kept, as on GCE), the same re-applied; delete = the
 container and its disk removed.
 
-`start(state_dir)` and `stop(state_dir)` run the fake as a service of the cluster (cluster.up and
-cluster.down call them): daemonized, state in STATE_DIR/gce, no idle timeout; state.json's "gce"
-says how a client reaches it (proxy, CA, service-account file, project, zone).
+compute_service.py runs the fake as a service of the cluster (cluster.up and cluster.down call
+it); the fake, in its own process, makes the backend here (compute_api.cluster_backend).
 """
 
 from __future__ import annotations
 
 import contextlib
 import json
-import subprocess
-import sys
 import threading
 from pathlib import Path
 
@@ -44,10 +41,8 @@ import docker
 import docker.errors
 
 from . import cluster, gce_firewall, spec
-from .util import ClusterError
 
 LINK = "https://www.googleapis.com/compute/v1/"
-FAKE = spec.repo_root() / "tests" / "fakes" / "compute_api.py"
 STOP_TIMEOUT_S = 30
 NETWORKS = {"vpc": "default", "secondary": "secondary"}  # cluster network role -> GCE network
 
@@ -260,52 +255,3 @@ class ClusterBackend:
     def firewalls_landed(self, rules: list[dict]) -> None:
         self.rules = list(rules)
         on_firewalls(self.state(), rules)
-
-
-# -- the service ------------------------------------------------------------------------------
-
-
-def _fake(action: str, state_dir: Path, *args: str) -> subprocess.CompletedProcess:
-    command = [sys.executable, str(FAKE), action, "--state", str(state_dir / "gce"), *args]
-    result = subprocess.run(command, capture_output=True, text=True, timeout=60, check=False)
-    if result.returncode != 0:
-        raise ClusterError(f"the fake Compute Engine API: {action} failed: {result.stderr.strip()}")
-    return result
-
-
-def start(state_dir: Path) -> dict:
-    """Run the fake for the cluster whose state.json is in state_dir (keep it when it runs);
-    record in state.json how to reach it, and return the state."""
-    path = Path(state_dir) / "state.json"
-    state = json.loads(path.read_text())
-    client_file = Path(state_dir) / "gce" / "client.json"
-    running = client_file.exists() and _is_running(json.loads(client_file.read_text())["pid"])
-    if not running:
-        _fake("start", Path(state_dir), "--cluster", str(state_dir), "--idle", "0")
-    client = json.loads(client_file.read_text())
-    state["gce"] = {
-        "proxy": client["proxy"],
-        "ca": client["ca"],
-        "service_account_file": client["service_account_file"],
-        "project": client["project"],
-        "zone": state["definition"]["zone"],
-        "pid": client["pid"],
-        "env": client["env"],
-    }
-    tmp = path.with_suffix(".tmp")
-    tmp.write_text(json.dumps(state, indent=2) + "\n")
-    tmp.replace(path)
-    return state
-
-
-def _is_running(pid: int) -> bool:
-    try:
-        return FAKE.name in Path(f"/proc/{pid}/cmdline").read_text()
-    except OSError:
-        return False
-
-
-def stop(state_dir: Path) -> None:
-    """End the cluster's fake (by the pid it recorded); nothing when none runs."""
-    if (Path(state_dir) / "gce" / "client.json").exists():
-        _fake("stop", Path(state_dir))

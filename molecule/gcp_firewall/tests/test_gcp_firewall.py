@@ -1,4 +1,4 @@
-"""The gcp_firewall role against the fake Compute Engine API (tests/fakes/compute_api.py).
+"""The gcp_firewall role against the fake Compute Engine API (tools/localcluster/compute_api.py).
 
 Molecule's check, converge and idempotence steps ran first; these tests then run converge.yml
 again with other settings and fake behaviours, and assert on the requests the fake received.
@@ -27,7 +27,7 @@ PROJECT = CLIENT["project"]
 NODES, SSH = "llamafactory-nodes", "llamafactory-ssh"
 WRITES = ("POST", "PATCH", "DELETE")
 
-CONTRACT = SCENARIO.parents[1] / "tests" / "fakes" / "compute_contract.py"
+CONTRACT = SCENARIO.parents[1] / "tests" / "compute_contract.py"
 SPEC = importlib.util.spec_from_file_location("compute_contract", CONTRACT)
 compute_contract = importlib.util.module_from_spec(SPEC)
 SPEC.loader.exec_module(compute_contract)

@@ -1,37 +1,26 @@
 """inventories/gcp_compute.yml, through google.cloud's gcp_compute inventory plugin and
-ansible-inventory, against the fake Compute Engine API (tests/fakes/compute_api.py): the label
-selects the training VMs, ranks come from a label, ansible_host follows the in-VPC switch."""
+ansible-inventory, against the fake Compute Engine API (tools/localcluster/compute_api.py): the
+label selects the training VMs, ranks come from a label, ansible_host follows the in-VPC switch."""
 
-import importlib.util
 import json
 import os
 import subprocess
 import sys
 from pathlib import Path
 
+import compute_contract
 import pytest
 import requests
 import yaml
 from ansible_collections.hostnet.llamafactory.plugins.plugin_utils import _node_ranks
+from localcluster import compute_api
 
 ROOT = Path(__file__).resolve().parents[3]
-FAKE = ROOT / "tests" / "fakes" / "compute_api.py"
 INVENTORY = ROOT / "inventories" / "gcp_compute.yml"
 ANSIBLE_INVENTORY = Path(sys.executable).parent / "ansible-inventory"
 PROJECT = "hlf-test"
 ZONES = ["us-central1-a", "us-central1-b"]
 LIST_PATH = f"/compute/v1/projects/{PROJECT}/aggregated/instances"
-
-
-def load(path):
-    spec = importlib.util.spec_from_file_location(path.stem, path)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
-
-
-compute_api = load(FAKE)
-compute_contract = load(FAKE.with_name("compute_contract.py"))
 
 
 def node_ranks(hosts, hostvars):

@@ -1,28 +1,15 @@
-"""The fake Compute Engine API (tests/fakes/compute_api.py) keeps the contract the role's tests
-rely on, and its proxy serves nothing but the fake."""
+"""The fake Compute Engine API (tools/localcluster/compute_api.py) keeps the contract the role's
+tests rely on, and its proxy serves nothing but the fake."""
 
 import http.client
-import importlib.util
 import json
 import threading
 import time
-from pathlib import Path
 
+import compute_contract
 import pytest
 import requests
-
-FAKES = Path(__file__).resolve().parents[2] / "fakes"
-
-
-def load(name):
-    spec = importlib.util.spec_from_file_location(name, FAKES / f"{name}.py")
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
-
-
-compute_api = load("compute_api")
-compute_contract = load("compute_contract")
+from localcluster import compute_api
 
 BASE = "https://compute.googleapis.com/compute/v1/projects/hlf-test/global"
 

@@ -1,6 +1,6 @@
 """tools/localcluster/gce_control.py without Docker: the VMs as instances (containers stood in by
-objects with Docker's fields), labels kept in labels.json, the firewall hook, and the fake run as
-the cluster's service."""
+objects with Docker's fields), labels kept in labels.json, the firewall hook (the fake run as the
+cluster's service: test_compute_service.py)."""
 
 import json
 from types import SimpleNamespace
@@ -139,26 +139,6 @@ def test_firewalls_that_land_reach_the_hook_with_the_state(state_dir, monkeypatc
     )
     gce_control.ClusterBackend(state_dir).firewalls_landed([{"name": "r1"}])
     assert seen == [(json.loads((state_dir / "state.json").read_text()), [{"name": "r1"}])]
-
-
-def test_the_fake_runs_as_the_clusters_service(state_dir):
-    state = gce_control.start(state_dir)
-    try:
-        gce = state["gce"]
-        assert json.loads((state_dir / "state.json").read_text())["gce"] == gce
-        assert (gce["project"], gce["zone"]) == ("hostnet-box", "us-central1-a")
-        assert gce["proxy"].startswith("http://127.0.0.1:")
-        assert gce["env"]["REQUESTS_CA_BUNDLE"] == gce["ca"]
-        account = json.loads((state_dir / "gce" / "service-account.json").read_text())
-        assert gce["service_account_file"] == str(state_dir / "gce" / "service-account.json")
-        assert account["project_id"] == "hostnet-box"
-        assert gce_control._is_running(gce["pid"])
-        assert gce_control.start(state_dir)["gce"]["pid"] == gce["pid"]  # kept, not restarted
-    finally:
-        gce_control.stop(state_dir)
-    assert not gce_control._is_running(gce["pid"])
-    assert not (state_dir / "gce" / "client.json").exists()
-    gce_control.stop(state_dir)  # nothing to stop: no error
 
 
 def test_a_gpu_vm_lists_its_machine_types_nics(tmp_path, docker_with):

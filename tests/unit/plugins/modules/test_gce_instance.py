@@ -1,6 +1,6 @@
 """The gce_instance module, run by ansible against the fake Compute Engine API
-(tests/fakes/compute_api.py, checked against Google's published contract): stop, start, labels,
-a delete refused without the job's label, check mode, capacity retries."""
+(tools/localcluster/compute_api.py, checked against Google's published contract): stop, start,
+labels, a delete refused without the job's label, check mode, capacity retries."""
 
 import json
 import os
@@ -8,16 +8,14 @@ import subprocess
 import sys
 from pathlib import Path
 
+import compute_contract
 import pytest
 import requests
 
 ROOT = Path(__file__).resolve().parents[4]
-FAKE = ROOT / "tests" / "fakes" / "compute_api.py"
 ANSIBLE = Path(sys.executable).parent / "ansible"
 PROJECT = "hlf-test"
 ZONE = "us-central1-a"
-sys.path.insert(0, str(FAKE.parent))
-import compute_contract  # noqa: E402
 
 
 @pytest.fixture
