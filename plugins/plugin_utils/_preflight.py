@@ -1,7 +1,7 @@
 # -*- coding: utf-8 -*-
 # Copyright: hostnet.llamafactory contributors
 # GNU General Public License v3.0+ (see LICENSE or https://www.gnu.org/licenses/gpl-3.0.txt)
-"""The preflight's verdict: every node's probe report (roles/launch/files/preflight_probe.py,
+"""The preflight's verdict: every node's probe report (roles/preflight/files/preflight_probe.py,
 run in a container with the launch's network mode) and discovery facts in, findings out - each
 a cause and its fix, naming the nodes and the variable to change."""
 
@@ -159,7 +159,7 @@ def _profile_findings(host, node, report):
             _finding(
                 ident,
                 "%s (%s profile): %s" % (host, profile, problem.get("detail")),
-                PROFILE_FIXES.get(ident, "see the README's GCP GPU machine families"),
+                PROFILE_FIXES.get(ident, "see docs/gpu-families.md"),
             )
         )
     for item in report.get("missing_network") or []:

@@ -44,7 +44,8 @@ GROUP = "llamafactory"
 PURPOSES = ("train", "admin", "doctor")
 PLAN_FACT = "llamafactory_job_plan"
 
-# Old name -> new name (design of issue 14). Setting an old name is refused.
+# A variable's name in an older release -> its name now. Setting an old name is refused, naming
+# the new one.
 RENAMED = {
     "launch_registry_username": "llamafactory_registry_username",
     "launch_registry_password": "llamafactory_registry_password",

@@ -1,6 +1,6 @@
-"""train.yml per network profile on the local cluster's GPU machine types (issue 17), on the GCP
-path, to the launch: the firewall's rule per GPU VPC (none on the RoCE one), the plugin
-installed by its (stand-in) installer image, TCPXO's (stand-in) RxDM running, each rank's
+"""train.yml per network profile on the local cluster's GPU machine types, on the GCP path, to
+the launch: the firewall's rule per GPU VPC (none on the RoCE one), the plugin installed by its
+(stand-in) installer image, TCPXO's (stand-in) RxDM running, each rank's
 environment, mounts and devices as the profile says, cleanup.yml closing the GPU VPCs again,
 and the negative cases named.
 

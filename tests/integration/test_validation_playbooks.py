@@ -86,7 +86,8 @@ def test_every_problem_is_reported_at_once_before_any_node_is_touched(tmp_path):
 
 
 def test_status_without_a_job_is_refused(tmp_path):
-    """status, stop and cleanup used to act on a job called 'doctor' when given none."""
+    """status, stop and cleanup given no job (no llamafactory_job, no config to name one) stop
+    before any node, rather than act on a job of a made-up name."""
     for playbook in ("status", "stop", "cleanup"):
         result = run(
             tmp_path / playbook,
@@ -137,7 +138,8 @@ PLAYBOOKS = ["train", "status", "stop", "cleanup", "wait", "doctor", "discover"]
 
 
 def test_every_playbook_fails_when_the_inventory_has_no_llamafactory_group(tmp_path):
-    """An inventory that names its group otherwise used to skip every play and end green."""
+    """An inventory that names its group otherwise would skip every play and end green: each
+    playbook fails first, naming the groups and hosts it found."""
     for name in PLAYBOOKS:
         result = run(
             tmp_path / name,

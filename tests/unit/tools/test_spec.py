@@ -534,8 +534,8 @@ def test_no_host_has_a_box_only_variable(tmp_path):
 
 def test_the_published_pci_slots_are_the_ones_the_nic_names_encode():
     # llamafactory_local_cluster gives the box's veth NICs the PCI address their names encode
-    # (primary_nic's pci_slots_from_names) instead of the addresses the box used to hand over:
-    # for every GPU machine type they are the same, so nothing is lost.
+    # (primary_nic's pci_slots_from_names): for every GPU machine type these are the slots GCP
+    # publishes for those NICs (spec's machine_nics), so the box's NICs have GCP's addresses.
     vms = [{"name": f"vm{i}", "machine_type": t} for i, t in enumerate(sorted(spec.MACHINE_TYPES))]
     definition = parse(name="alltypes", shift=6, vms=vms)
     assert {vm.machine_type for vm in definition.vms} == set(spec.MACHINE_TYPES)
