@@ -1,4 +1,4 @@
-"""The four benchmarks, on a local cluster of their own ('bench', subnets moved by 6 x 32 /24s)
+"""The benchmarks, on a local cluster of their own ('bench', subnets moved by 6 x 32 /24s)
 or, for the demo, through `./dev demo` itself. Every run has a deadline and prints progress.
 
 Jobs: 'bench-base' trains once on vm0+vm1 (the image pulled from the cluster's registry, the
