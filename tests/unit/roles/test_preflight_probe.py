@@ -4,21 +4,15 @@ source address the machine does not have fails at once with EADDRNOTAVAIL - what
 bridge-networked container gets when asked to send from its node's address."""
 
 import json
-import socket
 import subprocess
 import sys
 import time
 from pathlib import Path
 
 import pytest
+from loopback import free_port
 
 PROBE = Path(__file__).resolve().parents[3] / "roles" / "preflight" / "files" / "preflight_probe.py"
-
-
-def free_port():
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
 
 
 @pytest.fixture

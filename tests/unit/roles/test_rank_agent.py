@@ -7,13 +7,13 @@ import importlib.util
 import json
 import os
 import signal
-import socket
 import subprocess
 import sys
 import time
 from pathlib import Path
 
 import pytest
+from loopback import free_port
 
 AGENT = Path(__file__).resolve().parents[3] / "roles" / "launch" / "files" / "rank_agent.py"
 spec = importlib.util.spec_from_file_location("rank_agent", AGENT)
@@ -65,12 +65,6 @@ def test_a_zero_timeout_never_stops_for_silence():
 def test_exit_code_of_a_signal_is_a_shells():
     assert rank_agent.exit_code(-9) == 137
     assert rank_agent.exit_code(3) == 3
-
-
-def free_port():
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 class Job:

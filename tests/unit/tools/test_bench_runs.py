@@ -130,6 +130,22 @@ def test_a_profile_table_shows_the_whole_run_then_the_slowest_tasks_and_sums_the
     assert len(json.loads((tmp_path / "results.json").read_text())["measurements"]) == 20
 
 
+class ScaleBench:
+    """A bench of 16 VMs (the scale series measures 2, 8 and 16; 32 needs --nodes 32)."""
+
+    nodes = [{}] * 16
+
+    @staticmethod
+    def push_standin():
+        return "registry/standin"
+
+
+def scale_with(monkeypatch, once):
+    """runs.scale measures each (count, rep) with `once`, in this process."""
+    monkeypatch.setattr(runs, "_scale_once", once)
+    monkeypatch.setattr(runs, "_become_subreaper", lambda: None)
+
+
 def test_the_scale_series_is_interleaved_and_paired_with_the_2_vm_run(tmp_path, monkeypatch):
     order = []
 
@@ -139,17 +155,9 @@ def test_the_scale_series_is_interleaved_and_paired_with_the_2_vm_run(tmp_path, 
         assert job_vars["llamafactory_image"] == "registry/standin"
         return dict((name, float(count * 10 + rep)) for name in runs.SCALE_FIGURES)
 
-    class Bench:
-        nodes = [{}] * 16  # 2, 8 and 16 VMs; 32 needs --nodes 32
-
-        @staticmethod
-        def push_standin():
-            return "registry/standin"
-
-    monkeypatch.setattr(runs, "_scale_once", once)
-    monkeypatch.setattr(runs, "_become_subreaper", lambda: None)
+    scale_with(monkeypatch, once)
     results = Results(tmp_path)
-    runs.scale(Bench(), results, reps=2)
+    runs.scale(ScaleBench(), results, reps=2)
     assert order == [(1, 2), (1, 8), (1, 16), (2, 16), (2, 8), (2, 2)]
     rows = results.measurements
     case = "re-run (s), 16 VMs"
@@ -165,7 +173,7 @@ def test_the_scale_series_is_interleaved_and_paired_with_the_2_vm_run(tmp_path, 
     )
     # A resumed run measures only what is missing (the 2-VM run again, for the pairs).
     order.clear()
-    runs.scale(Bench(), Results(tmp_path, resume=True), reps=2)
+    runs.scale(ScaleBench(), Results(tmp_path, resume=True), reps=2)
     assert order == [(1, 2), (2, 2)]
 
 
@@ -177,18 +185,10 @@ def test_a_scale_count_that_fails_keeps_the_smaller_ones(tmp_path, monkeypatch):
             raise runs.BenchError("scale 16 VMs 1: the launch failed")
         return dict((name, float(count)) for name in runs.SCALE_FIGURES)
 
-    class Bench:
-        nodes = [{}] * 16
-
-        @staticmethod
-        def push_standin():
-            return "registry/standin"
-
-    monkeypatch.setattr(runs, "_scale_once", once)
-    monkeypatch.setattr(runs, "_become_subreaper", lambda: None)
+    scale_with(monkeypatch, once)
     results = Results(tmp_path)
     with pytest.raises(runs.BenchError):
-        runs.scale(Bench(), results, reps=1)
+        runs.scale(ScaleBench(), results, reps=1)
     saved = json.loads((tmp_path / "results.json").read_text())["measurements"]
     assert {m["case"] for m in saved} == {f"{name}, 8 VMs" for name in runs.SCALE_FIGURES}
 

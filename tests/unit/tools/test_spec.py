@@ -119,17 +119,7 @@ def test_decoy_needs_its_network():
 
 def test_inventory_uses_external_addresses_and_ranks(tmp_path):
     definition = parse(name="inv", inventory=str(tmp_path / "inv.yml"))
-    nodes = [
-        {
-            "name": vm.name,
-            "index": vm.index,
-            "nic": vm.nic,
-            "vpc_address": definition.networks["vpc"].address(vm.index),
-            "vpc_prefix": 24,
-            "external_address": definition.networks["external"].address(vm.index),
-        }
-        for vm in definition.vms
-    ]
+    nodes = _nodes(definition)
     state = {"user": "gce", "ssh_key": "/k/id", "known_hosts": "/k/known_hosts", "nodes": nodes}
     path = cluster.write_inventory(definition, state)
     text = path.read_text()

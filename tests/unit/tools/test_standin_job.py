@@ -9,7 +9,6 @@ import json
 import os
 import re
 import signal
-import socket
 import subprocess
 import sys
 import time
@@ -18,6 +17,7 @@ from pathlib import Path
 import pytest
 from ansible_collections.hostnet.llamafactory.plugins.module_utils import _job
 from ansible_collections.hostnet.llamafactory.plugins.plugin_utils._diagnosis import diagnose
+from loopback import free_port
 
 ROOT = Path(__file__).resolve().parents[3]
 CLI = ROOT / "tools" / "localcluster" / "standin" / "llamafactory-cli"
@@ -39,12 +39,6 @@ CONFIG = {
     "save_on_each_node": True,
     "standin_step_seconds": 0.05,
 }
-
-
-def free_port():
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def yaml_value(value):

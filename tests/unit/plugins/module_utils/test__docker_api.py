@@ -14,12 +14,9 @@ from pathlib import Path
 import pytest
 from ansible_collections.hostnet.llamafactory.plugins.module_utils import _docker_api as api
 from ansible_collections.hostnet.llamafactory.plugins.module_utils import _job as job
+from job_captures import inspect
 
 FIXTURES = Path(__file__).resolve().parents[2] / "fixtures" / "job"
-
-
-def inspect(name):
-    return json.loads((FIXTURES / f"inspect-{name}.json").read_text())
 
 
 def frame(stream, payload):

@@ -11,6 +11,7 @@ import ansible_run
 import pytest
 from ansible_collections.hostnet.llamafactory.plugins.module_utils import _job as job
 from ansible_collections.hostnet.llamafactory.plugins.module_utils import _job_status as job_status
+from job_captures import inspect
 
 FIXTURES = Path(__file__).resolve().parents[2] / "fixtures" / "job"
 
@@ -104,10 +105,6 @@ def test_checkpoint_listing_of_a_missing_folder(tmp_path):
 def run_module(tmp_path, **args):
     """The module as Ansible runs it, with no docker command on PATH (nothing to run there)."""
     return ansible_run.module("job_status", tmp_path, str(tmp_path), **args)
-
-
-def inspect(name):
-    return json.loads((FIXTURES / f"inspect-{name}.json").read_text())
 
 
 def test_a_running_rank_with_its_newest_log_lines(dockerd, socket_path, tmp_path):
