@@ -222,7 +222,7 @@ def test_a_stopped_vm_is_started_the_job_resumes_and_the_vms_stop_when_done(
     # play says why and where the adapter is.
     rc, _stats, failures, events = attach(
         inventory,
-        tmp_path / "delete",
+        tmp_path / "keep",  # a runner folder of its own: ansible-runner keeps a run's extra vars
         job,
         overrides=longer,
         gcp_instances_when_done="delete",
