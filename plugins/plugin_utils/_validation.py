@@ -309,15 +309,6 @@ def _master_addr(label, value):
     ]
 
 
-def _survey_reads(label, value):
-    return [
-        "%s has the key %r: give only docker_host and job (the options of node_survey's parts, "
-        "each a dict)" % (label, key)
-        for key in sorted(value, key=str)
-        if key not in ("docker_host", "job") or not isinstance(value[key], dict)
-    ]
-
-
 def _env(label, value):
     problems = []
     for key in sorted(value, key=str):
@@ -639,7 +630,6 @@ _add(
 )
 _add("discover_network_metadata_timeout", "float", _DN, default=2.0, low=0.001)
 _add("discover_network_include_tunnels", "bool", _DN, default=False)
-_add("discover_network_survey", "dict", _DN, default={}, check=_survey_reads)
 
 # Must be the same on every node (the rest may differ per host).
 SAME_ON_EVERY_NODE = (

@@ -585,12 +585,6 @@ CATALOGUE = [
         "discover_network_include_tunnels",
         "true or false",
     ),
-    case(
-        "dn-survey-part",
-        {"discover_network_survey": {"docker": {"service": "docker"}}},
-        "discover_network_survey",
-        "give only docker_host and job",
-    ),
     # -- names: renamed, removed, unknown ---------------------------------------------------
     case(
         "removed-group",
