@@ -4,7 +4,8 @@
 """Action plugin for hostnet.llamafactory.validate_job (documented in plugins/modules/).
 
 Runs on the controller and never contacts a node. It gathers the job's variables and hands them
-to plugin_utils/_validation.py's validate(), a pure function.
+to plugin_utils/_validation.py's validate(), a pure function; the variables are those the
+collection's roles declare in their meta/argument_specs.yml (_validation.schema()).
 
 Which variables count as set by the user (for the renamed, removed and unknown-name checks):
 every host's hostvars (inventory, group_vars/host_vars, extra vars, include_vars) minus what
@@ -59,6 +60,7 @@ class ActionModule(ActionBase):
         play_hosts = list(task_vars.get("ansible_play_hosts_all") or [])
         group_hosts = list((task_vars.get("groups") or {}).get(_validation.GROUP) or [])
         defaults, fixed = _validation.role_value_names(ROLES_DIR)
+        variables = _validation.schema(ROLES_DIR)
 
         problems, per_host, instances = [], {}, {}
         for host in group_hosts + [h for h in play_hosts if h not in group_hosts]:
@@ -68,7 +70,7 @@ class ActionModule(ActionBase):
             names = set(raw) - set_by_tasks(hostvars, host)
             per_host[host] = {}
             for name in sorted(names):
-                if name in _validation.SCHEMA:
+                if name in variables:
                     per_host[host][name] = self._host_value(hostvars, host, name, problems)
                 elif name.startswith(_validation.PREFIXES):
                     per_host[host][name] = None  # only the name is checked
@@ -81,7 +83,7 @@ class ActionModule(ActionBase):
             if n.startswith(_validation.PREFIXES) and n not in own and n not in defaults | fixed
         )
         settings = {}
-        for name, var in _validation.SCHEMA.items():
+        for name, var in variables.items():
             if name not in task_vars or (var.per_host and name not in play_names):
                 continue
             try:
@@ -101,6 +103,7 @@ class ActionModule(ActionBase):
             play_names=play_names,
             ignore=fixed,
             instances=instances,
+            roles_dir=ROLES_DIR,
         )
         problems.extend(found)
         if problems:

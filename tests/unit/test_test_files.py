@@ -61,3 +61,10 @@ def test_the_mirror_rule_catches_a_misnamed_file():
     assert misnamed(["modules/deep/test_image_pull.py"], plugins) == [
         "modules/deep/test_image_pull.py"
     ]
+
+
+def test_every_filter_plugin_has_its_unit_test():
+    filters = sorted(p.stem for p in (ROOT / "plugins" / "filter").glob("*.py"))
+    tests = ROOT / "tests" / "unit" / "plugins" / "filter"
+    assert len(filters) > 10  # the folder was read
+    assert [f for f in filters if not (tests / f"test_{f}.py").is_file()] == []

@@ -1,14 +1,24 @@
 """validate_job's pure logic (plugins/plugin_utils/_validation.py): a catalogue of bad inputs,
 each refused with a problem that names the variable and says the fix; all problems at once; the
-good defaults' plan; the schema held against every role's meta/argument_specs.yml."""
+good defaults' plan; the schema read from the roles' meta/argument_specs.yml with the Python
+rules merged in, each rule naming a declared variable, and a variable declared in a spec alone."""
 
 import json
+import shutil
 from pathlib import Path
 
 import pytest
 import role_defaults as defaults_of
+import role_docs
 import yaml
+from ansible_collections.hostnet.llamafactory.plugins.module_utils import (
+    _network_profile as network_profile,
+)
 from ansible_collections.hostnet.llamafactory.plugins.plugin_utils import _validation as v
+from ansible_collections.hostnet.llamafactory.plugins.plugin_utils import _validation_job as job
+from ansible_collections.hostnet.llamafactory.plugins.plugin_utils import (
+    _validation_values as values,
+)
 
 ROOT = Path(__file__).resolve().parents[4]
 DEMO = ROOT / "examples" / "local-demo" / "llama3_lora_sft_ds3.yaml"
@@ -16,17 +26,8 @@ HOSTS = ["vm0", "vm1"]
 KNOWN = v.spec_options(str(ROOT / "roles"))
 
 
-# The roles whose defaults the schema restates (their templated ones rendered as a play would).
+# The roles whose templated defaults the good settings render as a play would.
 SCHEMA_ROLES = ("llamafactory", "discover_network")
-
-
-def role_defaults(role="llamafactory", **given):
-    """A role's defaults/main.yml as the play sees it (GCP_PROJECT unset): on GCP, unless
-    `given` sets llamafactory_local_cluster."""
-    data = defaults_of.rendered(["llamafactory", role], given)
-    data["llamafactory_gcp_project"] = ""
-    names = set(defaults_of.raw(role))
-    return {name: value for name, value in data.items() if name in names}
 
 
 def local_inventory():
@@ -42,7 +43,7 @@ def good_settings(**changes):
     """The local inventory's settings (and `changes`) over the roles' defaults, the templated
     ones rendered with them (validate_job receives templated values)."""
     given = {**local_inventory(), **changes}
-    settings = {n: var.default for n, var in v.SCHEMA.items() if var.default is not None}
+    settings = {n: var.default for n, var in v.schema().items() if var.default is not None}
     settings.update(defaults_of.rendered(SCHEMA_ROLES, given))
     settings["llamafactory_gcp_project"] = given.get("llamafactory_gcp_project", "")
     return settings
@@ -69,7 +70,7 @@ INJECTIONS = {
 def injected(variable, fix, make, per_host=False):
     """One case per injection class for a value that reaches a node."""
     cases = []
-    var = v.SCHEMA[variable]
+    var = v.schema()[variable]
     one_line = var.kind in ("str", "path") and var.choices is None
     for kind, text in INJECTIONS.items():
         value = make(text)
@@ -767,7 +768,7 @@ def test_bad_input_is_refused_naming_the_variable_and_the_fix(
 def test_the_catalogue_is_large_and_covers_every_schema_variable():
     assert len(CATALOGUE) >= 50
     covered = {p.values[3].split(".")[0] for p in CATALOGUE}
-    missing = sorted(set(v.SCHEMA) - covered)
+    missing = sorted(set(v.schema()) - covered)
     assert missing == [], missing
 
 
@@ -857,7 +858,7 @@ def test_the_job_name_and_port_come_from_the_config_file_name(tmp_path):
     plan, problems = check({"llamafactory_config": str(config), "llamafactory_job": None})
     assert problems == []
     assert plan["job"] == "llama3-lora-sft"
-    assert plan["master_port"] == v.derive_master_port("llama3-lora-sft")
+    assert plan["master_port"] == job.derive_master_port("llama3-lora-sft")
     plan, problems = check({"llamafactory_master_port": 45000, "preflight_port": None})
     assert problems == []
     assert (plan["master_port"], plan["preflight_port"]) == (45000, 25000)
@@ -982,113 +983,170 @@ def test_the_templated_defaults_of_either_platform_pass(local):
     # llamafactory_local_cluster arrive as their GCP or their local value, both valid.
     settings = good_settings(llamafactory_local_cluster=local)
     assert settings["llamafactory_ulimits"] == (
-        [] if local else v.SCHEMA["llamafactory_ulimits"].default
+        [] if local else ["memlock:-1:-1", "stack:67108864:67108864"]
     )
     assert settings["discover_network_gcp_metadata"] == ("always" if local else "auto")
     plan, problems = check({"llamafactory_local_cluster": local})
     assert problems == [] and plan is not None
 
 
-# -- the schema against the roles' argument specs ---------------------------------------------
+# -- the schema: the roles' argument specs with the Python rules merged in ----------------
 
-COVERED = (
-    "llamafactory_",
-    "preflight_",
-    "launch_",
-    "job_admin_",
-    "gcp_firewall_",
-    "discover_network_",
-)
-# Roles whose spec is known to differ from the schema, with the reason: each is an expected
-# failure, strict, so that its entry goes once the two match. Empty: every role matches.
-PENDING: dict = {}
+ROLES_DIR = ROOT / "roles"
+KINDS = ("str", "path", "int", "float", "bool", "list", "dict")
 
 
-def spec_of(role):
-    path = ROOT / "roles" / role / "meta" / "argument_specs.yml"
+def spec_of(role, roles_dir=ROLES_DIR):
+    path = roles_dir / role / "meta" / "argument_specs.yml"
     if not path.exists():
         return None
     options = {}
     for entry in yaml.safe_load(path.read_text())["argument_specs"].values():
         options.update(entry.get("options") or {})
-    # A parameter the roles pass to tasks_from: env.yml, not a setting.
-    options.pop("llamafactory_env_file", None)
     return options
 
 
-def disagreements(schema, role, options):
-    """What differs between the schema and one role's spec (its own prefix both ways; shared
-    names by type)."""
-    if options is None:
-        return [f"roles/{role}/meta/argument_specs.yml is missing"]
+def rules_without_a_spec(roles_dir=ROLES_DIR):
+    """The Python rules whose variable no checked role's spec declares."""
+    return sorted(set(v.RULES) - set(v.schema(str(roles_dir))))
+
+
+def options_lacking(roles_dir=ROLES_DIR):
+    """What validation needs and a checked role's spec option lacks: a description, a type it
+    knows, a list's elements, a literal default that passes its own checks."""
     found = []
-    own = role + "_"
-    for name, var in schema.items():
-        if var.role == role and name not in options:
-            found.append(f"{name} is in the schema but not in {role}'s spec")
-    for name, option in options.items():
-        if not name.startswith(COVERED):
-            continue
-        if name not in schema:
-            if name.startswith(own) or role == "llamafactory":
-                found.append(f"{name} is in {role}'s spec but not in the schema")
-            continue
-        kind, elements = option.get("type", "str"), option.get("elements")
-        var = schema[name]
-        if (kind, elements) != (var.kind, var.elements):
-            found.append(
-                f"{name} is {kind}/{elements} in {role}'s spec but "
-                f"{var.kind}/{var.elements} in the schema"
-            )
+    for role in v.ROLES:
+        for name, option in (spec_of(role, roles_dir) or {}).items():
+            if option.get("required"):
+                continue  # a parameter of an entry point (tasks_from), not a setting
+            if not option.get("description"):
+                found.append(f"{name} ({role}) has no description")
+            if option.get("type") not in KINDS:
+                found.append(f"{name} ({role}) has no type validation knows: {KINDS}")
+                continue
+            if option["type"] == "list" and not option.get("elements"):
+                found.append(f"{name} ({role}) is a list without elements")
+            default = option.get("default")
+            if default is not None and not v.templated(default):
+                var = v.schema(str(roles_dir))[name]
+                problems = values.check_value(var, default)[1]
+                found += [f"{name} ({role}): its default fails: {p}" for p in problems]
     return found
 
 
-ROLES = sorted({var.role for var in v.SCHEMA.values()} | {"discover_network"})
+def test_every_rule_names_a_variable_a_spec_declares():
+    assert rules_without_a_spec() == []
+    for name, rule in v.RULES.items():
+        assert set(rule) <= set(v.RULE_FIELDS), name
+        assert rule.get("choices", None) is None, f"{name}: choices belong in the spec"
 
 
-@pytest.mark.parametrize(
-    "role",
-    [
-        pytest.param(r, marks=pytest.mark.xfail(strict=True, reason=PENDING[r]))
-        if r in PENDING
-        else r
-        for r in ROLES
-    ],
-)
-def test_the_schema_agrees_with_each_roles_argument_spec(role):
-    assert disagreements(v.SCHEMA, role, spec_of(role)) == []
+def test_every_checked_spec_option_has_what_validation_needs():
+    assert options_lacking() == []
 
 
-def test_the_spec_comparison_catches_a_difference():
-    options = dict(spec_of("llamafactory"))
-    assert disagreements(v.SCHEMA, "llamafactory", options) == []
-    options["llamafactory_gpus_per_node"] = {"type": "str"}
-    options["llamafactory_colour"] = {"type": "str"}
-    del options["llamafactory_image"]
-    assert disagreements(v.SCHEMA, "llamafactory", options) == [
-        "llamafactory_image is in the schema but not in llamafactory's spec",
-        "llamafactory_gpus_per_node is str/None in llamafactory's spec but int/None in the schema",
-        "llamafactory_colour is in llamafactory's spec but not in the schema",
+def test_the_schema_checks_catch_a_rule_or_an_option_without_its_spec(tmp_path):
+    roles = tmp_path / "roles"
+    shutil.copytree(ROLES_DIR, roles, ignore=shutil.ignore_patterns("files", "templates"))
+    path = roles / "launch" / "meta" / "argument_specs.yml"
+    specs = yaml.safe_load(path.read_text())
+    options = specs["argument_specs"]["settings"]["options"]
+    del options["launch_peer_timeout"]
+    options["launch_colour"] = {"description": "A colour.", "type": "list"}
+    options["launch_shade"] = {"type": "text", "default": "dark"}
+    options["launch_poll_interval"]["default"] = 0
+    path.write_text(yaml.safe_dump(specs, sort_keys=False))
+    assert rules_without_a_spec(roles) == ["launch_peer_timeout"]
+    assert options_lacking(roles) == [
+        "launch_poll_interval (launch): its default fails: launch_poll_interval is 0: it must be "
+        "at least 1",
+        "launch_colour (launch) is a list without elements",
+        "launch_shade (launch) has no description",
+        f"launch_shade (launch) has no type validation knows: {KINDS}",
     ]
 
 
-def test_the_schema_defaults_are_the_role_defaults():
-    # The GCP defaults (llamafactory_local_cluster false); the schema's fallback for a value the
-    # play did not hand over.
-    for name, value in role_defaults("discover_network").items():
-        assert v.SCHEMA[name].default == value, name
-    defaults = role_defaults()
-    job_wide = {
-        n
-        for n, var in v.SCHEMA.items()
-        if var.role == "llamafactory"
-        and not var.per_host
-        and n not in ("llamafactory_purpose", "llamafactory_config")
+def test_the_checked_roles_are_llamafactory_and_the_roles_that_depend_on_it():
+    dependents = set()
+    for meta in ROLES_DIR.glob("*/meta/main.yml"):
+        needs = yaml.safe_load(meta.read_text()).get("dependencies") or []
+        if "hostnet.llamafactory.llamafactory" in [
+            d["role"] if isinstance(d, dict) else d for d in needs
+        ]:
+            dependents.add(meta.parent.parent.name)
+    assert set(v.ROLES) == {"llamafactory"} | dependents
+    assert {var.role for var in v.schema().values()} == set(v.ROLES)
+
+
+def test_the_choices_python_judges_are_the_specs():
+    assert v.schema()["llamafactory_purpose"].choices == v.PURPOSES
+    assert v.schema()["llamafactory_network_profile"].choices == network_profile.CHOICES
+    # Judged per node by the platform step, with the fix (the rules' choices=None).
+    assert KNOWN["llamafactory_platform"]["choices"] == ["gcp", "local"]
+    assert KNOWN["llamafactory_network_mode"]["choices"] == ["host", "bridge"]
+    assert v.schema()["llamafactory_platform"].choices is None
+
+
+@pytest.mark.parametrize("role", sorted(p.parent.name for p in ROLES_DIR.glob("*/meta")))
+def test_each_roles_defaults_are_generated_from_its_spec(role):
+    wanted = role_docs.render_defaults(ROLES_DIR / role)
+    path = ROLES_DIR / role / "defaults" / "main.yml"
+    assert (path.read_text() if path.exists() else None) == wanted, (
+        f"roles/{role}/defaults/main.yml is not its spec's: run python tools/role_docs.py"
+    )
+
+
+def test_a_variable_declared_in_a_spec_alone_is_validated(tmp_path):
+    """One declaration: an option added to a copy of launch's spec is known to the validation
+    - its type, choices and default enforced, its name accepted - and gets its default in the
+    generated defaults/main.yml, with no change to the Python."""
+    roles = tmp_path / "roles"
+    shutil.copytree(ROLES_DIR, roles, ignore=shutil.ignore_patterns("files", "templates"))
+    path = roles / "launch" / "meta" / "argument_specs.yml"
+    specs = yaml.safe_load(path.read_text())
+    specs["argument_specs"]["settings"]["options"]["launch_colour"] = {
+        "description": "The colour of the progress lines. Red or blue.",
+        "type": "str",
+        "choices": ["red", "blue"],
+        "default": "red",
     }
-    defaults.pop("llamafactory_purpose")  # the role's entry point option, not a job setting
-    assert set(defaults) == job_wide
-    for name, value in defaults.items():
-        assert v.SCHEMA[name].default == (None if value is None else value), name
+    specs["argument_specs"]["settings"]["options"]["launch_shades"] = {
+        "description": "How many shades.",
+        "type": "int",
+        "default": 3,
+    }
+    path.write_text(yaml.safe_dump(specs, sort_keys=False))
+    known = v.spec_options(str(roles))
+
+    def problems(changes):
+        return check(changes, known=known, roles_dir=str(roles))[1]
+
+    assert problems({"launch_colour": "blue", "launch_shades": "4"}) == []
+    assert problems({"launch_colour": "green"}) == [
+        "launch_colour is 'green': use one of 'red', 'blue'"
+    ]
+    assert problems({"launch_shades": "many"}) == [
+        "launch_shades is 'many': it must be a whole number"
+    ]
+    assert problems({"launch_colour": None}) == [
+        "launch_colour is empty (null): give a value or remove it to get the default"
+    ]
+    var = v.schema(str(roles))["launch_colour"]
+    assert (var.kind, var.default, var.choices, var.role) == (
+        "str",
+        "red",
+        ("red", "blue"),
+        "launch",
+    )
+    assert "# The colour of the progress lines.\nlaunch_colour: red\n" in role_docs.render_defaults(
+        roles / "launch"
+    )
+    # Set by the user, the name is known with the spec and unknown without it.
+    assert check(play_names=["launch_colour"], known=known, roles_dir=str(roles))[1] == []
+    assert any(
+        p.startswith("unknown variable launch_colour")
+        for p in check(play_names=["launch_colour"])[1]
+    )
 
 
 def test_known_names_come_from_every_roles_spec():
@@ -1115,5 +1173,5 @@ def test_a_role_without_a_main_spec_is_checked_by_validate_job():
             meta = yaml.safe_load((ROOT / "roles" / role / "meta" / "main.yml").read_text())
             needs = [d["role"] if isinstance(d, dict) else d for d in meta["dependencies"]]
             assert "hostnet.llamafactory.llamafactory" in needs, role
-        assert not [name for name in specs["settings"]["options"] if name not in v.SCHEMA], role
+        assert not [name for name in specs["settings"]["options"] if name not in v.schema()], role
     assert "launch" in documented_only and "docker_engine" not in documented_only

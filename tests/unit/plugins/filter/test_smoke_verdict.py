@@ -1,0 +1,119 @@
+"""The filter smoke_verdict as roles/preflight/tasks/smoke.yml calls it: rank 0's output (the
+smoke test's lines, NCCL's INFO lines, the result's JSON line, from which the task takes
+`result`), and the node profile's NCCL network and expected bandwidth as primary_nic reports them
+(module_utils/_network_profile.py)."""
+
+import json
+
+import pytest
+from ansible_collections.hostnet.llamafactory.plugins.filter.smoke_verdict import (
+    FilterModule,
+    smoke_verdict,
+)
+from ansible_collections.hostnet.llamafactory.plugins.module_utils import _network_profile
+
+
+def rank0_output(world, backend, collective, size, busbw, network=None):
+    """rank 0's `docker logs` lines, as roles/preflight/files/smoke_allreduce.py prints them."""
+    factor = {"all_reduce": 2 * (world - 1) / world, "all_gather": (world - 1) / world}
+    algbw = round(busbw / factor[collective], 3)  # smoke_allreduce.py's BUS_FACTOR
+    lines = [f"smoke test: rank 0 of {world} joined in 3.2 s"]
+    if network:
+        lines.append(f"a3mega-vm-0:606:642 [0] NCCL INFO Using network {network}")
+        lines.append(
+            "a3mega-vm-0:606:642 [0] NCCL INFO comm 0x5581 rank 0 nRanks 16 - Init COMPLETE"
+        )
+    result = {
+        "world_size": world,
+        "backend": backend,
+        "collective": collective,
+        "bytes": size,
+        "iterations": 5,
+        "seconds_per_call": 0.0701,
+        "algbw_GBps": algbw,
+        "busbw_GBps": busbw,
+        "joined_s": 3.2,
+    }
+    lines.append(json.dumps({"smoke": result}))
+    return lines
+
+
+def judge(lines, machine_type=None, profile="socket", gpus_per_node=0):
+    """smoke.yml's task: `result` from the last '{"smoke"' line, the profile's values."""
+    result = json.loads([line for line in lines if line.startswith('{"smoke"')][-1])["smoke"]
+    return smoke_verdict(
+        result,
+        log_lines=lines,
+        network=_network_profile.NCCL_NETWORKS[profile],
+        expected=_network_profile.expected_bandwidth(machine_type, profile),
+        gpus_per_node=gpus_per_node,
+    )
+
+
+def test_the_demos_gloo_run_on_cpus_passes_with_its_line():
+    lines = rank0_output(2, "gloo", "all_reduce", 64_000_000, 0.91)
+    assert judge(lines) == {
+        "findings": [],
+        "warnings": [],
+        "line": "all_reduce of 64.0 MB across 2 ranks (gloo): bus bandwidth 0.91 GB/s "
+        "(algorithm 0.91 GB/s)",
+    }
+
+
+def test_an_a3_mega_job_on_fastrak_gets_its_fraction_of_the_pass_mark():
+    lines = rank0_output(16, "nccl", "all_gather", 8 << 30, 150.0, network="FasTrak")
+    verdict = judge(lines, "a3-megagpu-8g", "tcpxo", gpus_per_node=8)
+    assert verdict["findings"] == [] and verdict["warnings"] == []
+    assert verdict["line"].endswith(
+        "; NCCL network FasTrak; 167% of the pass mark 90 GB/s, 80% of the published 188.5 GB/s"
+    )
+
+
+def test_plain_sockets_under_the_tcpxo_profile_stop_the_launch():
+    lines = rank0_output(16, "nccl", "all_gather", 8 << 30, 3.1, network="Socket")
+    verdict = judge(lines, "a3-megagpu-8g", "tcpxo", gpus_per_node=8)
+    assert [f["id"] for f in verdict["findings"]] == ["network-plugin-not-used"]
+    # smoke.yml's message: the causes, then "Fix:" and the fixes.
+    assert verdict["findings"][0]["cause"].startswith("NCCL used Socket, not FasTrak")
+    assert "role nccl_plugin" in verdict["findings"][0]["fix"]
+    unseen = judge(
+        [line for line in lines if "Using network" not in line], "a3-ultragpu-8g", "gib", 8
+    )
+    assert [f["id"] for f in unseen["findings"]] == ["nccl-network-unseen"]
+
+
+def test_under_the_pass_mark_warns_and_another_shape_gets_no_fraction():
+    lines = rank0_output(16, "nccl", "all_gather", 8 << 30, 60.0, network="FasTrak")
+    low = judge(lines, "a3-megagpu-8g", "tcpxo", gpus_per_node=8)
+    assert low["findings"] == []
+    assert low["warnings"][0].startswith("bus bandwidth 60.0 GB/s is under the pass mark 90 GB/s")
+    four = judge(lines, "a3-megagpu-8g", "tcpxo", gpus_per_node=4)
+    assert four["warnings"] == []
+    assert four["line"].endswith(
+        "(no fraction: the pass mark is for all_gather at 8 GiB on nodes of 8 GPUs)"
+    )
+
+
+def test_no_result_gives_no_line():
+    assert smoke_verdict(None, log_lines=[], network="Socket") == {
+        "findings": [],
+        "warnings": [],
+        "line": "",
+    }
+
+
+def test_options_by_name_only():
+    with pytest.raises(TypeError):
+        smoke_verdict(None, [], "Socket")  # pylint: disable=too-many-function-args
+
+
+def test_the_call_site_names_every_option(call_sites):
+    assert FilterModule().filters()["smoke_verdict"] is smoke_verdict
+    calls = call_sites("smoke_verdict", smoke_verdict)
+    assert [(c[0], c[1], sorted(c[2])) for c in calls] == [
+        (
+            "roles/preflight/tasks/smoke.yml",
+            0,
+            ["expected", "gpus_per_node", "log_lines", "network"],
+        )
+    ]
