@@ -291,6 +291,37 @@ def role_value_names(roles_dir):
     return defaults, fixed
 
 
+SET_FACT = ("set_fact", "ansible.builtin.set_fact", "ansible.legacy.set_fact")
+
+
+def _task_set_names(tasks, into):
+    for task in tasks if isinstance(tasks, list) else []:
+        if not isinstance(task, dict):
+            continue
+        if isinstance(task.get("register"), str):
+            into.add(task["register"])
+        for action in SET_FACT:
+            if isinstance(task.get(action), dict):
+                into.update(k for k in task[action] if k != "cacheable")
+        for block in ("block", "rescue", "always", "tasks"):
+            _task_set_names(task.get(block), into)
+
+
+@functools.lru_cache(maxsize=None)
+def task_set_names(roles_dir=ROLES_DIR):
+    """Names the collection's own tasks set on a host (register, set_fact), read from the task
+    files of the roles and of the playbooks beside them: a host's variable of such a name is the
+    collection's, not a user's setting. Read once per process."""
+    names = set()
+    folders = [os.path.join(roles_dir, role, "tasks") for role in sorted(os.listdir(roles_dir))]
+    for folder in [*folders, os.path.join(os.path.dirname(roles_dir), "playbooks")]:
+        for root, _dirs, files in os.walk(folder):
+            for name in files:
+                if name.endswith((".yml", ".yaml")):
+                    _task_set_names(read_yaml(os.path.join(root, name)), names)
+    return frozenset(names)
+
+
 # -- the steps that are not another module's ------------------------------------------------
 
 

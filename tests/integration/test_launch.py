@@ -175,6 +175,7 @@ def test_a_second_run_changes_nothing(e2e):
         if e.get("event") == "runner_on_ok" and "Wait for every rank" in e["event_data"]["task"]
     ]
     assert waited == ["vm0"]
+
     # docker_engine and launch read the facts each node's one call of discover_network gathered
     # (node_facts: docker_host, job_state): one module call per node for the three reads.
     def hosts(kind, task):
