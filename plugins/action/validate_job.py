@@ -35,18 +35,6 @@ ARGUMENT_SPEC = dict(
 )
 
 
-def set_by_tasks(hostvars, host):
-    """Names that tasks set on `host` (set_fact, register, facts), from the variable manager."""
-    manager = getattr(hostvars, "_variable_manager", None)
-    names = set()
-    for cache in ("_nonpersistent_fact_cache", "_fact_cache"):
-        try:
-            names.update(getattr(manager, cache).get(host) or {})
-        except (AttributeError, KeyError, TypeError):
-            continue
-    return names
-
-
 class ActionModule(ActionBase):
     TRANSFERS_FILES = False
     _requires_connection = False
@@ -60,6 +48,9 @@ class ActionModule(ActionBase):
         play_hosts = list(task_vars.get("ansible_play_hosts_all") or [])
         group_hosts = list((task_vars.get("groups") or {}).get(_validation.GROUP) or [])
         defaults, fixed = _validation.role_value_names(ROLES_DIR)
+        # Facts and results of the collection's own tasks, should the validation run again later
+        # in a playbook (a role of a broader purpose): not settings of the user's.
+        set_by_tasks = _validation.task_set_names(ROLES_DIR)
         variables = _validation.schema(ROLES_DIR)
 
         problems, per_host, instances = [], {}, {}
@@ -67,7 +58,7 @@ class ActionModule(ActionBase):
             raw = self._raw_hostvars(hostvars, host)
             if "gcp_status" in raw:  # google.cloud.gcp_compute's host variables (vars_prefix gcp_)
                 instances[host] = {"status": raw.get("gcp_status"), "zone": raw.get("gcp_zone")}
-            names = set(raw) - set_by_tasks(hostvars, host)
+            names = set(raw) - set_by_tasks
             per_host[host] = {}
             for name in sorted(names):
                 if name in variables:

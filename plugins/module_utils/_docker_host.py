@@ -19,8 +19,19 @@ import stat
 # dpkg-query -W -f "${binary:Package}\t${Version}\t${db:Status-Abbrev}\n" NAME...
 DPKG_FORMAT = "${binary:Package}\\t${Version}\\t${db:Status-Abbrev}\\n"
 # systemctl show UNIT --property=...
-UNIT_PROPERTIES = ("LoadState", "ActiveState", "UnitFileState")
-# The read's options (docker_host_facts', and node_survey's `docker_host`).
+UNIT_PROPERTIES = ("LoadState", "ActiveState", "UnitFileState", "ActiveEnterTimestampMonotonic")
+# What the docker_engine role looks for with its defaults (node_facts' `docker_host` defaults).
+DOCKER_ENGINE_PACKAGES = (
+    "ca-certificates",
+    "gnupg",
+    "python3-requests",
+    "docker.io",
+    "docker-ce",
+    "docker-ce-cli",
+    "containerd.io",
+)
+DOCKER_ENGINE_PENDING_MARKER = "/etc/docker/.hostnet-llamafactory-restart-pending"
+# The read's options (docker_host_facts', and node_facts' `docker_host`).
 OPTIONS = dict(
     packages=dict(type="list", elements="str", default=[]),
     service=dict(type="str"),
@@ -97,8 +108,9 @@ def package_owning(path, packages, info_dir="/var/lib/dpkg/info"):
 
 
 def unit_state(stdout):
-    """systemctl show's KEY=VALUE lines -> {loaded, active, enabled}: a unit systemd does not
-    know is neither."""
+    """systemctl show's KEY=VALUE lines -> {loaded, active, enabled, state, since}: a unit
+    systemd does not know is neither. `since` is when it last became active (microseconds of the
+    monotonic clock; None while it never was): another value means it was started again."""
     values = {}
     for line in (stdout or "").splitlines():
         key, sep, value = line.partition("=")
@@ -109,6 +121,9 @@ def unit_state(stdout):
         "active": values.get("ActiveState") == "active",
         "enabled": values.get("UnitFileState") in ("enabled", "enabled-runtime", "static"),
         "state": values.get("ActiveState") or "unknown",
+        "since": None
+        if values.get("ActiveEnterTimestampMonotonic") in (None, "", "0")
+        else values["ActiveEnterTimestampMonotonic"],
     }
 
 

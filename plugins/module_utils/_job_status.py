@@ -3,7 +3,7 @@
 # GNU General Public License v3.0+ (see LICENSE or https://www.gnu.org/licenses/gpl-3.0.txt)
 """One rank's state on its node, read in one call: the container (inspect, newest log lines,
 optionally stopped first), the training progress and checkpoints in the output folder, the
-agent's state file. Shared by the modules job_status and node_survey."""
+agent's state file. Shared by the modules job_status and node_facts."""
 
 from __future__ import absolute_import, division, print_function
 
@@ -17,7 +17,7 @@ from ansible_collections.hostnet.llamafactory.plugins.module_utils import _job a
 from ansible_collections.hostnet.llamafactory.plugins.module_utils._docker_api import DockerError
 
 TRAINER_LOG_TAIL_BYTES = 16384
-# The read's options (job_status's without `stop` and `labels`, and node_survey's `job`).
+# The read's options (job_status's without `stop` and `labels`, and node_facts' `job`).
 OPTIONS = dict(
     name=dict(type="str", required=True),
     output_dir=dict(type="path"),

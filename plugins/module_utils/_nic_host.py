@@ -25,7 +25,7 @@ from ansible_collections.hostnet.llamafactory.plugins.module_utils._nic import (
 )
 
 DMI_PRODUCT_NAME = "/sys/class/dmi/id/product_name"
-# The read's options (primary_nic's, and node_survey's `nic`).
+# The read's options (primary_nic's, and node_facts' `nic`).
 OPTIONS = dict(
     peer=dict(type="str"),
     interface=dict(type="str"),

@@ -49,18 +49,7 @@ options:
         binary costs the node more CPU than the rest of this module's reads together).
     type: bool
     default: false
-  survey:
-    description:
-      - The fact C(node_survey) of M(hostnet.llamafactory.node_survey). When it holds this playbook
-        run's answer to the same read (its C(docker_host) part asked at least what this task asks,
-        every package of O(packages) among its own), the action returns that answer, RV(surveyed)
-        true, and the node is not contacted.
-      - Anything else (no survey, another run's, another question) - the module reads the node.
-    type: dict
 attributes:
-  action:
-    support: full
-    description: The action plugin answers from O(survey) when it can.
   check_mode:
     support: full
     description: Reads only; runs the same in check mode.
@@ -84,10 +73,12 @@ EXAMPLES = r"""
 """
 
 RETURN = r"""
-surveyed:
-  description: Whether the answer came from O(survey) (the node not contacted).
+ansible_facts:
+  description: C(docker_host) - everything below, and C(read) (the options it was read with). The
+    docker_engine role reads this fact (set by M(hostnet.llamafactory.node_facts) at the start of
+    the collection's playbooks) and calls this module to read it again after it changed the host.
   returned: always
-  type: bool
+  type: dict
 os:
   description: The operating system - C(family) (Debian for Debian and its derivatives),
     C(distribution) (ID), C(version) (VERSION_ID), C(release) (VERSION_CODENAME),
@@ -109,11 +100,13 @@ missing:
   elements: str
   sample: [python3-requests]
 service:
-  description: The unit's state - C(loaded), C(active), C(enabled) (bools) and C(state)
-    (systemd's ActiveState); null without O(service).
+  description: The unit's state - C(loaded), C(active), C(enabled) (bools), C(state)
+    (systemd's ActiveState) and C(since) (when it last became active, microseconds of the monotonic
+    clock - another value means it was started again; null while it never was); null without
+    O(service).
   returned: always
   type: dict
-  sample: {loaded: true, active: true, enabled: true, state: active}
+  sample: {loaded: true, active: true, enabled: true, state: active, since: "5421873361"}
 daemon_json:
   description: The text of O(daemon_json); null when it does not exist.
   returned: always
@@ -143,13 +136,15 @@ from ansible_collections.hostnet.llamafactory.plugins.module_utils import _docke
 
 def main():
     module = AnsibleModule(
-        argument_spec=dict(host.OPTIONS, survey=dict(type="dict")),
+        argument_spec=dict(host.OPTIONS),
         supports_check_mode=True,
     )
     try:
         result = host.read(module, module.params)
     except host.HostReadError as exc:
         module.fail_json(msg=str(exc))
+    fact = dict((k, v) for k, v in result.items() if k != "changed")
+    result["ansible_facts"] = {"docker_host": dict(fact, read=module.params)}
     module.exit_json(**result)
 
 

@@ -57,21 +57,10 @@ options:
         settings). RV(labels_match) says whether the container carries every one of them with
         that value.
     type: dict
-  survey:
-    description:
-      - The fact C(node_survey) of M(hostnet.llamafactory.node_survey). When it holds this playbook
-        run's answer to the same read (its C(job) part asked at least what this task asks, with no
-        O(stop) and no more O(tail) lines), the action returns that answer, RV(surveyed) true, and
-        the node is not contacted.
-      - Anything else (no survey, another run's, another question) - the module reads the node.
-    type: dict
 extends_documentation_fragment:
   - hostnet.llamafactory.docker
   - hostnet.llamafactory.docker.stop
 attributes:
-  action:
-    support: full
-    description: The action plugin answers from O(survey) when it can.
   check_mode:
     support: full
     description: Runs in check mode; a running container is then reported as it would be
@@ -106,10 +95,6 @@ EXAMPLES = r"""
 """
 
 RETURN = r"""
-surveyed:
-  description: Whether the answer came from O(survey) (the node not contacted).
-  returned: always
-  type: bool
 container:
   description: The container's state (V(missing) when there is none), exit code, OOM kill,
     start/finish times (epoch seconds), short ID, image and labels.
@@ -177,7 +162,6 @@ def main():
             stop=dict(type="bool", default=False),
             labels=dict(type="dict"),
             stop_timeout=dict(type="int", default=10),
-            survey=dict(type="dict"),
         ),
         supports_check_mode=True,
     )

@@ -105,15 +105,6 @@ REMOVED = {
 }
 
 
-def _survey_reads(label, value):
-    return [
-        "%s has the key %r: give only docker_host and job (the options of node_survey's parts, "
-        "each a dict)" % (label, key)
-        for key in sorted(value, key=str)
-        if key not in ("docker_host", "job") or not isinstance(value[key], dict)
-    ]
-
-
 # -- what a spec cannot say, by variable ----------------------------------------------------
 #
 # low/high: bounds of a number. nullable: null (or "") means "derive it" (validate() does).
@@ -182,7 +173,6 @@ RULES = {
     "gcp_firewall_python": dict(nullable=True, check=checks.controller_path),
     "discover_network_metadata_url": dict(check=checks.url),
     "discover_network_metadata_timeout": dict(low=0.001),
-    "discover_network_survey": dict(check=_survey_reads),
 }
 RULE_FIELDS = ("low", "high", "nullable", "check", "per_host", "same", "multiline", "choices")
 
@@ -299,6 +289,37 @@ def role_value_names(roles_dir):
             data = read_yaml(path) or {}
             into.update(data)
     return defaults, fixed
+
+
+SET_FACT = ("set_fact", "ansible.builtin.set_fact", "ansible.legacy.set_fact")
+
+
+def _task_set_names(tasks, into):
+    for task in tasks if isinstance(tasks, list) else []:
+        if not isinstance(task, dict):
+            continue
+        if isinstance(task.get("register"), str):
+            into.add(task["register"])
+        for action in SET_FACT:
+            if isinstance(task.get(action), dict):
+                into.update(k for k in task[action] if k != "cacheable")
+        for block in ("block", "rescue", "always", "tasks"):
+            _task_set_names(task.get(block), into)
+
+
+@functools.lru_cache(maxsize=None)
+def task_set_names(roles_dir=ROLES_DIR):
+    """Names the collection's own tasks set on a host (register, set_fact), read from the task
+    files of the roles and of the playbooks beside them: a host's variable of such a name is the
+    collection's, not a user's setting. Read once per process."""
+    names = set()
+    folders = [os.path.join(roles_dir, role, "tasks") for role in sorted(os.listdir(roles_dir))]
+    for folder in [*folders, os.path.join(os.path.dirname(roles_dir), "playbooks")]:
+        for root, _dirs, files in os.walk(folder):
+            for name in files:
+                if name.endswith((".yml", ".yaml")):
+                    _task_set_names(read_yaml(os.path.join(root, name)), names)
+    return frozenset(names)
 
 
 # -- the steps that are not another module's ------------------------------------------------

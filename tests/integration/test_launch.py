@@ -175,17 +175,20 @@ def test_a_second_run_changes_nothing(e2e):
         if e.get("event") == "runner_on_ok" and "Wait for every rank" in e["event_data"]["task"]
     ]
     assert waited == ["vm0"]
-    # docker_engine's and launch's reads were answered by each node's one call of discover_network
-    # (node_survey): one module call per node for the three reads.
-    reads = ("Look at the host - OS, packages", "Look at the job on every node")
-    surveyed = {
-        (read, e["event_data"]["host"]): e["event_data"]["res"].get("surveyed")
-        for e in events
-        if e.get("event") == "runner_on_ok"
-        for read in reads
-        if str(e["event_data"].get("task")).startswith(read)
-    }
-    assert surveyed == {(read, vm): True for read in reads for vm in ("vm0", "vm1")}
+
+    # docker_engine and launch read the facts each node's one call of discover_network gathered
+    # (node_facts: docker_host, job_state): one module call per node for the three reads.
+    def hosts(kind, task):
+        return sorted(
+            e["event_data"]["host"]
+            for e in events
+            if e.get("event") == kind and str(e["event_data"].get("task")).startswith(task)
+        )
+
+    both = ["vm0", "vm1"]
+    assert hosts("runner_on_skipped", "Look at the host - OS, packages") == both
+    assert hosts("runner_on_skipped", "Look at the job on every node") == both
+    assert hosts("runner_on_ok", "Take the first look from the fact job_state") == both
     # The job had finished: rank 0 alone was waited for and collected from, then the role ended
     # (finished.yml) - no task of the attached wait, the restart or the end ran or was skipped.
     tasks = {

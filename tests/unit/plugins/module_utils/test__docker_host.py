@@ -47,8 +47,26 @@ def test_dockerd_version():
 @pytest.mark.parametrize(
     ("name", "expected"),
     [
-        ("active", {"loaded": True, "active": True, "enabled": True, "state": "active"}),
-        ("missing", {"loaded": False, "active": False, "enabled": False, "state": "inactive"}),
+        (
+            "active",
+            {
+                "loaded": True,
+                "active": True,
+                "enabled": True,
+                "state": "active",
+                "since": "1725628207",
+            },
+        ),
+        (
+            "missing",
+            {
+                "loaded": False,
+                "active": False,
+                "enabled": False,
+                "state": "inactive",
+                "since": None,
+            },
+        ),
     ],
 )
 def test_unit_state_of_captured_systemctl_show(name, expected):
@@ -63,6 +81,7 @@ def test_unit_state_stopped_and_disabled():
         "active": False,
         "enabled": False,
         "state": "failed",
+        "since": None,
     }
 
 

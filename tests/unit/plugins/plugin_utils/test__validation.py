@@ -586,12 +586,6 @@ CATALOGUE = [
         "discover_network_include_tunnels",
         "true or false",
     ),
-    case(
-        "dn-survey-part",
-        {"discover_network_survey": {"docker": {"service": "docker"}}},
-        "discover_network_survey",
-        "give only docker_host and job",
-    ),
     # -- names: renamed, removed, unknown ---------------------------------------------------
     case(
         "removed-group",
@@ -1181,3 +1175,26 @@ def test_a_role_without_a_main_spec_is_checked_by_validate_job():
             assert "hostnet.llamafactory.llamafactory" in needs, role
         assert not [name for name in specs["settings"]["options"] if name not in v.schema()], role
     assert "launch" in documented_only and "docker_engine" not in documented_only
+
+
+def test_the_names_the_collections_tasks_set_are_read_from_its_task_files(tmp_path):
+    """validate_job leaves these out of a host's settings when it runs again later in a playbook
+    (read from the task files, not from Ansible's fact caches)."""
+    names = v.task_set_names()
+    # register, set_fact (in blocks and rescues too), and the playbooks' tasks.
+    assert {"launch_results", "launch_before", "job_admin_model", "docker_engine_seen"} <= names
+    assert {"discover_network_rank", "gcp_instances_kept_why", "launch_failure"} <= names
+    assert "cacheable" not in names and "llamafactory_job" not in names
+    roles = tmp_path / "roles"
+    (roles / "r" / "tasks").mkdir(parents=True)
+    (tmp_path / "playbooks").mkdir()
+    (roles / "r" / "tasks" / "main.yml").write_text(
+        "- block:\n"
+        "    - ansible.builtin.set_fact: {r_a: 1, cacheable: true}\n"
+        "  rescue:\n"
+        "    - {ansible.builtin.command: x, register: r_b}\n"
+    )
+    (tmp_path / "playbooks" / "p.yml").write_text(
+        "- hosts: all\n  tasks:\n    - set_fact: {p_c: 1}\n"
+    )
+    assert v.task_set_names(str(roles)) == {"r_a", "r_b", "p_c"}

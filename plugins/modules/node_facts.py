@@ -8,25 +8,24 @@ from __future__ import absolute_import, division, print_function
 __metaclass__ = type
 
 DOCUMENTATION = r"""
-module: node_survey
-short_description: A node's NIC, Docker host and training job, read in one call
+module: node_facts
+short_description: A node's facts for a training job - its NIC, Docker host and job - in one call
 version_added: 0.1.0
 description:
   - Makes, in one round trip, the reads of M(hostnet.llamafactory.primary_nic) (O(nic)),
     M(hostnet.llamafactory.docker_host_facts) (O(docker_host)) and
-    M(hostnet.llamafactory.job_status) without a stop (O(job)), each only when asked, and returns
-    each as that module would.
-  - The answers are kept in the fact C(node_survey) with the question each answered. The modules
-    docker_host_facts and job_status, given that fact as their C(survey) option, return the answer
-    when the survey asked the same question in this playbook run, without contacting the node. A
-    re-run then costs one module call per node for the three reads instead of three (each call
-    costs the node about 0.15 s of CPU before it reads anything; see docs/benchmarks.md).
-  - The fact is only as fresh as the node. Whatever changes the node's Docker afterwards (the
-    docker_engine role's install and restart) drops it, and a rank's state is read again after a
-    restart of the job.
+    M(hostnet.llamafactory.job_status) without a stop (O(job)), each only when asked, and sets
+    them as facts, as M(ansible.builtin.setup) sets C(ansible_facts) - C(primary_nic),
+    C(docker_host) and C(job_state).
+  - The roles that come after it read those facts by name instead of calling the node again;
+    C(docker_host) and C(job_state) each say what was read (C(read)), so that a role asks the node
+    itself when it needs more. A role that changes the node reads again what it changed
+    (docker_engine - M(hostnet.llamafactory.docker_host_facts), which sets C(docker_host) too).
+    C(job_state) carries C(docker_since), when Docker's unit was last started as C(docker_host)
+    saw it - a job state read before Docker was restarted is not taken for the present one.
   - Why a module of its own - Ansible runs one module per task; the three reads belong to three
-    roles (discover_network, docker_engine, launch) that run in that order, and only the first
-    one's call can carry the others.
+    roles (discover_network, docker_engine, launch) that run in that order, and a re-run is made
+    of these round trips (docs/benchmarks.md).
 author:
   - hostnet.llamafactory contributors (@hostnet)
 options:
@@ -78,34 +77,37 @@ options:
         type: bool
         default: false
   docker_host:
-    description: The options of M(hostnet.llamafactory.docker_host_facts).
+    description: The options of M(hostnet.llamafactory.docker_host_facts); its defaults here are
+      what the docker_engine role reads with its own defaults.
     type: dict
     suboptions:
       packages:
         description: Debian package names to look up.
         type: list
         elements: str
-        default: []
+        default: [ca-certificates, gnupg, python3-requests, docker.io, docker-ce, docker-ce-cli,
+                  containerd.io]
       service:
         description: A systemd unit whose state to read.
         type: str
+        default: docker
       daemon_json:
         description: A file to read as text, with its owner, group and mode.
         type: path
+        default: /etc/docker/daemon.json
       pending_marker:
         description: A file whose existence to report.
         type: path
+        default: /etc/docker/.hostnet-llamafactory-restart-pending
       dockerd:
         description: Read the dockerd version.
         type: bool
-        default: false
+        default: true
   job:
     description:
-      - The options of M(hostnet.llamafactory.job_status) that read (no C(stop); C(labels) are
-        matched by job_status when it takes the answer, from the container's labels returned
-        here).
+      - The options of M(hostnet.llamafactory.job_status) that read (no C(stop), no C(labels)).
       - A Docker daemon that does not answer (not installed yet) is not an error here -
-        RV(job) is null and RV(job_error) says why.
+        C(job_state) is null and RV(job_error) says why.
     type: dict
     suboptions:
       name:
@@ -140,68 +142,56 @@ attributes:
   idempotent:
     support: full
     description: Only reads.
-  action:
-    support: full
-    description: The action plugin marks the fact with this playbook run, so that a fact kept
-      by a fact cache from an earlier run is never taken for an answer.
 notes:
-  - The task usually needs C(become) when O(job) is given (the Docker daemon's socket).
+  - The task usually needs C(become) when O(docker_host) or O(job) is given (the Docker daemon's
+    socket, daemon.json).
+  - With a persistent fact cache (C(fact_caching) other than memory) the facts outlive the run;
+    the collection's playbooks gather them again at every run before any role reads them.
 """
 
 EXAMPLES = r"""
 - name: Find the NIC towards MASTER_ADDR, and read the Docker host and the job in the same call
-  hostnet.llamafactory.node_survey:
+  hostnet.llamafactory.node_facts:
     nic:
       peer: 10.128.0.2
       gcp_metadata: never
-    docker_host:
-      packages: [docker.io]
-      service: docker
-      daemon_json: /etc/docker/daemon.json
+    docker_host: {}
     job:
       name: llamafactory-demo
       output_dir: /srv/llamafactory/jobs/demo/output
       tail: 5
   become: true
 
-- name: Later, the same read of the Docker host answered from the survey
-  hostnet.llamafactory.docker_host_facts:
-    packages: [docker.io]
-    service: docker
-    daemon_json: /etc/docker/daemon.json
-    survey: "{{ node_survey | default(omit) }}"
-  register: host
+- name: Later, a role reads them by name
+  ansible.builtin.debug:
+    msg: >-
+      {{ primary_nic.interface }}, Docker {{ docker_host.dockerd_version }},
+      job {{ job_state.container.state }}
 """
 
 RETURN = r"""
-nic:
-  description: What M(hostnet.llamafactory.primary_nic) returns; null when O(nic) is not given.
-  returned: always
-  type: dict
-docker_host:
-  description: What M(hostnet.llamafactory.docker_host_facts) returns; null when O(docker_host)
-    is not given.
-  returned: always
-  type: dict
-job:
-  description: What M(hostnet.llamafactory.job_status) returns (C(labels_match) aside); null when
-    O(job) is not given or the daemon did not answer.
-  returned: always
-  type: dict
 job_error:
-  description: Why RV(job) is null although O(job) was given.
+  description: Why C(job_state) is null although O(job) was given.
   returned: always
   type: str
-  sample: "cannot reach /var/run/docker.sock: [Errno 2] No such file or directory"
+  sample: "cannot query container llamafactory-demo: [Errno 2] No such file or directory"
 ansible_facts:
-  description: C(primary_nic) (with O(nic)) and C(node_survey) - for each part read, its
-    question (the options after defaults) and answer.
+  description: The facts set, each only when asked.
   returned: always
   type: dict
-  sample:
-    node_survey:
-      docker_host: {question: {packages: [docker.io], service: docker}, answer: {missing: []}}
-      run: "4242:1796024741"
+  contains:
+    primary_nic:
+      description: What M(hostnet.llamafactory.primary_nic) returns.
+      type: dict
+    docker_host:
+      description: What M(hostnet.llamafactory.docker_host_facts) returns, and C(read) - the
+        options it was read with.
+      type: dict
+    job_state:
+      description: What M(hostnet.llamafactory.job_status) returns (without C(labels_match)),
+        C(read) - the options it was read with - and C(docker_since) (C(docker_host.service.since)
+        of the same call); null when the Docker daemon did not answer.
+      type: dict
 """
 
 from ansible.module_utils.basic import AnsibleModule
@@ -214,44 +204,56 @@ from ansible_collections.hostnet.llamafactory.plugins.module_utils._docker_api i
 )
 from ansible_collections.hostnet.llamafactory.plugins.module_utils._nic import NicError
 
+DOCKER_HOST_OPTIONS = dict(
+    host.OPTIONS,
+    packages=dict(type="list", elements="str", default=list(host.DOCKER_ENGINE_PACKAGES)),
+    service=dict(type="str", default="docker"),
+    daemon_json=dict(type="path", default="/etc/docker/daemon.json"),
+    pending_marker=dict(type="path", default=host.DOCKER_ENGINE_PENDING_MARKER),
+    dockerd=dict(type="bool", default=True),
+)
+
 
 def main():
     module = AnsibleModule(
         argument_spec=dict(
             nic=dict(type="dict", options=nic_host.OPTIONS),
-            docker_host=dict(type="dict", options=host.OPTIONS),
+            docker_host=dict(type="dict", options=DOCKER_HOST_OPTIONS),
             job=dict(type="dict", options=job_status.OPTIONS),
         ),
         supports_check_mode=True,
     )
     params = module.params
-    result = dict(changed=False, nic=None, docker_host=None, job=None, job_error=None)
     facts = {}
-    survey = {}
-    if params["nic"]:
+    result = dict(changed=False, job_error=None)
+    if params["nic"] is not None:
         try:
-            result["nic"] = nic_host.discover(module, params["nic"])
+            facts["primary_nic"] = nic_host.discover(module, params["nic"])
         except NicError as exc:
             module.fail_json(msg=str(exc))
-        for warning in result["nic"]["warnings_found"]:
+        for warning in facts["primary_nic"]["warnings_found"]:
             module.warn(warning)
-        facts["primary_nic"] = result["nic"]
-    if params["docker_host"]:
+    if params["docker_host"] is not None:
         try:
-            result["docker_host"] = host.read(module, params["docker_host"])
+            facts["docker_host"] = host.read(module, params["docker_host"])
         except host.HostReadError as exc:
             module.fail_json(msg=str(exc))
-        survey["docker_host"] = dict(question=params["docker_host"], answer=result["docker_host"])
-    if params["job"]:
-        question = params["job"]
-        docker = DockerAPI(question["docker_socket"], question["docker_timeout"])
+        facts["docker_host"].pop("changed", None)
+        facts["docker_host"]["read"] = params["docker_host"]
+    if params["job"] is not None:
+        read = params["job"]
+        docker = DockerAPI(read["docker_socket"], read["docker_timeout"])
         try:
-            result["job"] = job_status.read(docker, question, module.check_mode)
+            state = job_status.read(docker, read, module.check_mode)
         except DockerError as exc:
-            result["job_error"] = "cannot query container %s: %s" % (question["name"], exc)
+            facts["job_state"] = None
+            result["job_error"] = "cannot query container %s: %s" % (read["name"], exc)
         else:
-            survey["job"] = dict(question=question, answer=result["job"])
-    facts["node_survey"] = survey
+            state.pop("labels_match", None)
+            state.pop("changed", None)
+            service = (facts.get("docker_host") or {}).get("service") or {}
+            state.update(read=read, docker_since=service.get("since"))
+            facts["job_state"] = state
     module.exit_json(ansible_facts=facts, **result)
 
 
