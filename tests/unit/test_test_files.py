@@ -23,7 +23,7 @@ def misnamed(tests: list[str], plugins: set[str]) -> list[str]:
     names = Counter(Path(t).name for t in tests)
     wrong = []
     for test in tests:
-        kind, _, name = test.partition("/")
+        kind, name = test.split("/", 1) if "/" in test else (test, "")
         stem = name.removeprefix("test_").removesuffix(".py")
         if not name.startswith("test_") or "/" in name:
             wrong.append(test)

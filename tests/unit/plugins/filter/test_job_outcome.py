@@ -82,7 +82,7 @@ def test_an_unreachable_node_and_a_wait_that_timed_out():
 
 def test_options_by_name_only():
     with pytest.raises(TypeError):
-        job_outcome({}, {"state": "finished"}, RANKS, "demo")  # pylint: disable=too-many-function-args
+        job_outcome({}, {"state": "finished"}, RANKS, "demo")  # pylint: disable=too-many-function-args,missing-kwoa
 
 
 def test_the_call_site_binds(call_sites):

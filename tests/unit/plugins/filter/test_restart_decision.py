@@ -75,7 +75,7 @@ def test_a_stopped_vm_restarts_only_when_allowed_and_a_failure_of_its_own_never(
 
 def test_options_by_name_only():
     with pytest.raises(TypeError):
-        restart_decision(NO_JUDGMENT, [], 2)  # pylint: disable=too-many-function-args
+        restart_decision(NO_JUDGMENT, [], 2)  # pylint: disable=too-many-function-args,missing-kwoa
 
 
 def test_the_call_site_binds(call_sites):

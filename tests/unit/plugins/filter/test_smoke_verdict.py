@@ -104,7 +104,7 @@ def test_no_result_gives_no_line():
 
 def test_options_by_name_only():
     with pytest.raises(TypeError):
-        smoke_verdict(None, [], "Socket")  # pylint: disable=too-many-function-args
+        smoke_verdict(None, [], "Socket")  # pylint: disable=too-many-function-args,missing-kwoa
 
 
 def test_the_call_site_names_every_option(call_sites):
