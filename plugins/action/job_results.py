@@ -119,11 +119,10 @@ class ActionModule(ActionBase):
         if model["over_limit"] or not files:
             return model
         differing = [f for f in files if known.get(f["name"]) != f["sha256"]]
-        model["fetched"] = [f["name"] for f in differing]
-        if not fetch:  # only compared (in check mode, `fetched` says what would come)
+        if args["model_fetch"]:  # in check mode: what would come
+            model["fetched"] = [f["name"] for f in differing]
+        if not fetch:  # only compared
             model["verified"] = not differing
-            if not args["model_fetch"]:
-                model["fetched"] = []
             return model
         self._folder(path)
         for entry in differing:
