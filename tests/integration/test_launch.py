@@ -189,8 +189,9 @@ def test_a_second_run_changes_nothing(e2e):
     assert hosts("runner_on_skipped", "Look at the host - OS, packages") == both
     assert hosts("runner_on_skipped", "Look at the job on every node") == both
     assert hosts("runner_on_ok", "Take the first look from the fact job_state") == both
-    # The job had finished: rank 0 alone was waited for and collected from, then the role ended
-    # (finished.yml) - no task of the attached wait, the restart or the end ran or was skipped.
+    # The job had finished: no launch was due, so the preflight step ended at once; rank 0 alone
+    # was waited for, then the launch ended (finished.yml) - no task of the preparation, the
+    # attached wait or the restart ran or was skipped.
     tasks = {
         str(e["event_data"].get("task"))
         for e in events
@@ -198,10 +199,12 @@ def test_a_second_run_changes_nothing(e2e):
     }
     assert (
         not {
+            "Pull the image",
+            "Launch, wait, and restart after a failure a restart can cure (launch_max_restarts)",
             "Launch",
-            "Wait and collect",
+            "Wait and judge",
             "Look at every rank after the wait (stopping what still runs after a failure)",
-            "Fetch the logs after a failure, keep, stop or delete the VMs, report",
+            "Read the rank's log",
         }
         & tasks
     ), tasks

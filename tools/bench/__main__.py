@@ -18,6 +18,9 @@
                  job (its controller CPU per VM per minute), a re-run, and the time until the
                  preflight names a fault (bridge networking)
   demo           wall time of ./dev demo, cold once (the cluster's images removed) and warm
+  compare        with --compare REV: the re-run on 2 and 8 VMs and the time until the
+                 preflight names each fault, the collection at REV (a git worktree) versus
+                 this working tree, interleaved: ./dev bench --only compare --compare HEAD~3
 
 The runs of each comparison are interleaved within this invocation and paired by repetition;
 results.json (every measurement, rewritten after each one), results.md and results.png go to
@@ -39,7 +42,16 @@ from localcluster.util import ClusterError
 from . import runs
 from .results import Results
 
-BENCHMARKS = ["time-to-cause", "allreduce", "rerun", "failures", "profile", "scale", "demo"]
+BENCHMARKS = [
+    "time-to-cause",
+    "allreduce",
+    "rerun",
+    "failures",
+    "profile",
+    "scale",
+    "compare",
+    "demo",
+]
 NOTES = {
     "scale": (
         "The stand-in job (tools/localcluster/standin/README.md: a small program in place of "
@@ -187,6 +199,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--no-cold", action="store_true", help="demo: skip the cold run")
     parser.add_argument("--keep", action="store_true", help="leave the bench cluster up")
     parser.add_argument(
+        "--compare", metavar="REV", help="compare: the git revision to measure this tree against"
+    )
+    parser.add_argument(
         "--nodes",
         type=int,
         help="VMs of the bench cluster (default: 8 with rerun, profile or scale, else 2; "
@@ -197,6 +212,12 @@ def main(argv: list[str] | None = None) -> int:
         args.rerun_reps = args.reps
     if min(args.reps, args.allreduce_reps, args.rerun_reps) < 1:
         parser.error("--reps, --allreduce-reps and --rerun-reps must be 1 or more")
+    if args.compare is None and "compare" in args.only:
+        parser.error("--only compare needs --compare REV (the revision to measure against)")
+    if args.compare is not None and "compare" not in args.only:
+        args.only = [*args.only, "compare"] if "--only" in (argv or sys.argv) else ["compare"]
+    if args.compare is None:
+        args.only = [b for b in args.only if b != "compare"]
     started = datetime.datetime.now(datetime.UTC).strftime("%Y-%m-%d %H:%M UTC")
     selected = [b for b in BENCHMARKS if b in args.only]
     results = Results(
@@ -218,7 +239,7 @@ def main(argv: list[str] | None = None) -> int:
     try:
         cluster_benches = [b for b in selected if b != "demo"]
         if cluster_benches:
-            needed = 8 if {"rerun", "profile"} & set(selected) else 2
+            needed = 8 if {"rerun", "profile", "compare"} & set(selected) else 2
             if "scale" in selected:
                 needed = max(needed, 8)
             nodes = args.nodes or needed
@@ -241,6 +262,8 @@ def main(argv: list[str] | None = None) -> int:
                     runs.profile(bench, results, args.reps)
                 if "scale" in selected:
                     runs.scale(bench, results, args.reps)
+                if "compare" in selected:
+                    runs.compare(bench, results, args.rerun_reps, args.compare, args.cap)
             finally:
                 if not args.keep:
                     bench.down()

@@ -30,6 +30,9 @@ COMPARISONS = {
     "profile-fault-cpu": ("2 nodes", "8 nodes", "seconds", "8 nodes / 2 nodes"),
     # Each case is one figure at N VMs (in its name) next to the same figure at 2 VMs.
     "scale": ("2 VMs", "N VMs", "value", "N VMs / 2 VMs"),
+    # --compare REV: the collection at REV (before) and this tree (after), on the same cluster.
+    "compare-rerun": ("before", "after", "seconds", "after / before"),
+    "compare-time-to-cause": ("before", "after", "seconds", "after / before"),
 }
 TITLES = {
     "time-to-cause": "1. Time to a named cause (s, lower is better; a hang counts as the cap)",
@@ -53,6 +56,10 @@ TITLES = {
     "profile-fault-cpu": (
         "12. The controller's CPU in a failing run (until the preflight names the fault, CPU s "
         "per task)"
+    ),
+    "compare-rerun": "13. Before and after a change (--compare REV): the re-run (s)",
+    "compare-time-to-cause": (
+        "14. Before and after a change (--compare REV): time until the preflight names a fault (s)"
     ),
 }
 # The profiles' tables list the tasks that take longest (on either variant); the rest in a line.

@@ -9,6 +9,7 @@ on the nodes (config, env file, image); 'bench-n8' trains once on 8 VMs for the 
 from __future__ import annotations
 
 import concurrent.futures
+import contextlib
 import ctypes
 import json
 import os
@@ -286,6 +287,10 @@ class BenchCluster:
         watch = extra.pop("_watch", None)
         playbook = extra.pop("_playbook", "playbooks/train.yml")
         env = {**self.state["gce"]["env"], **extra.pop("_env", {})}
+        revision = extra.pop("_revision", None)
+        if revision is not None:  # the collection at another revision (compare)
+            playbook = str(revision.tree / playbook)
+            env.update(revision.env)
         # Each cut of the cluster is a cluster of its own to the firewall role (its own rule):
         # one rule rewritten for 2 and then 8 nodes would change at every re-run.
         variables = {
@@ -308,14 +313,19 @@ class BenchCluster:
         # The box's API proxy and CA: the dynamic inventory and the firewall role reach it.
         return run_logged(command, log_path, label, deadline_s, watch=watch, env=env)
 
-    def ensure_trained(self, count: int, job: str, deadline_s: float) -> None:
+    def ensure_trained(self, count: int, job: str, deadline_s: float, revision=None) -> None:
         """Train `job` on the first `count` VMs (a re-run that keeps it when it finished before
-        with the same inputs)."""
+        with the same inputs), with the collection of `revision` (a Revision; None: this tree)."""
         inventory = self.inventory(count)
         say(f"job {job}: training once on {count} VMs (pulls the image where missing)")
         # A job left by an earlier bench run with other inputs (e.g. new demo assets) is replaced.
         result = self.train(
-            inventory, job, f"first run of {job}", deadline_s, launch_restart_on_change=True
+            inventory,
+            job,
+            f"first run of {job}",
+            deadline_s,
+            launch_restart_on_change=True,
+            _revision=revision,
         )
         if result["rc"] != 0:
             raise BenchError(
@@ -456,16 +466,19 @@ def hand_launch(nodes: list[dict], case: str, cap: float, log_stem: Path) -> dic
     }
 
 
-def preflight_launch(bench: BenchCluster, case: str, rep: int, cap: float) -> dict:
+def preflight_launch(
+    bench: BenchCluster, case: str, rep: int, cap: float, revision=None, label: str = ""
+) -> dict:
     fault = FAULTS[case]
     inventory = bench.inventory(2, duplicate_rank=case == "two nodes at rank 0")
     job = "ttc-" + slug(case)
     result = bench.train(
         inventory,
         job,
-        f"preflight {case} {rep}",
+        f"preflight {case} {rep}{label}",
         deadline_s=max(cap, 300),
         _watch=fault["expect"],
+        _revision=revision,
         **fault["vars"],
     )
     named = result["seen_s"] is not None and result["rc"] != 0
@@ -483,6 +496,27 @@ def preflight_launch(bench: BenchCluster, case: str, rep: int, cap: float) -> di
     }
 
 
+@contextlib.contextmanager
+def fault_applied(bench: BenchCluster, case: str, hand: bool):
+    """The fault of `case` on the cluster for one run, undone after it."""
+    # A firewall between the nodes that lets MASTER_PORT through but no high port.
+    blocked = bench.nodes[:2] if case == "blocked port" else []
+    for vm in blocked:
+        vm_sh(vm["container"], f"iptables -I {BLOCK_RULE.format(nic=vm['nic'])}")
+    # The nodes' rule, deleted for the hand launch (the preflight's run deletes it itself) and
+    # put back after either.
+    rule = bench.nodes_rule() if case == "no firewall rule" else None
+    if rule is not None and hand:
+        bench.box.delete_rule(rule["name"])
+    try:
+        yield
+    finally:
+        for vm in blocked:
+            vm_sh(vm["container"], f"iptables -D {BLOCK_RULE.format(nic=vm['nic'])}", check=False)
+        if rule is not None and bench.box.rule(rule["name"]) is None:
+            bench.box.insert_rule(rule)
+
+
 def time_to_cause(bench: BenchCluster, results: Results, reps: int, cap: float) -> None:
     nodes = bench.nodes
     for rep in range(1, reps + 1):
@@ -491,27 +525,12 @@ def time_to_cause(bench: BenchCluster, results: Results, reps: int, cap: float) 
                 if results.has("time-to-cause", case, variant, rep):
                     continue
                 say(f"time to cause: {case}, {variant}, repetition {rep} of {reps}")
-                # A firewall between the nodes that lets MASTER_PORT through but no high port.
-                blocked = nodes[:2] if case == "blocked port" else []
-                for vm in blocked:
-                    vm_sh(vm["container"], f"iptables -I {BLOCK_RULE.format(nic=vm['nic'])}")
-                # The nodes' rule, deleted for the hand launch (the preflight's run deletes it
-                # itself) and put back after either.
-                rule = bench.nodes_rule() if case == "no firewall rule" else None
-                if rule is not None and variant == "hand":
-                    bench.box.delete_rule(rule["name"])
-                try:
+                with fault_applied(bench, case, hand=variant == "hand"):
                     if variant == "hand":
                         stem = bench.logs / f"hand-{slug(case)}-{rep}"
                         figures = hand_launch(nodes, case, cap, stem)
                     else:
                         figures = preflight_launch(bench, case, rep, cap)
-                finally:
-                    for vm in blocked:
-                        block = BLOCK_RULE.format(nic=vm["nic"])
-                        vm_sh(vm["container"], f"iptables -D {block}", check=False)
-                    if rule is not None and bench.box.rule(rule["name"]) is None:
-                        bench.box.insert_rule(rule)
                 results.add("time-to-cause", case, variant, rep, **figures)
                 say(
                     f"  {figures['seconds']} s ({figures.get('outcome', 'named')}): "
@@ -1145,3 +1164,105 @@ def demo(results: Results, reps: int, logs: Path, cold: bool) -> None:
             raise BenchError(f"./dev demo failed (warm): {result['output'][-1500:]}")
         results.add("demo", "./dev demo", "warm", rep, seconds=round(result["seconds"], 1))
         say(f"demo warm {rep}: {result['seconds']:.0f} s")
+
+
+# ------------------------------------------------------------------ before and after a change
+
+
+class Revision:
+    """The collection at a git revision, run from a git worktree on a collections path of its
+    own (the other collections from this checkout's .cache), on the same cluster, inventory and
+    ansible.cfg as this working tree."""
+
+    def __init__(self, rev: str, work: Path):
+        sha = subprocess.run(
+            ["git", "rev-parse", "--verify", f"{rev}^{{commit}}"],
+            cwd=ROOT,
+            capture_output=True,
+            text=True,
+            check=True,
+        ).stdout.strip()
+        self.label = sha[:7]
+        self.tree = work / f"tree-{self.label}"
+        if not (self.tree / "galaxy.yml").exists():
+            subprocess.run(
+                ["git", "worktree", "add", "--force", "--detach", str(self.tree), sha],
+                cwd=ROOT,
+                capture_output=True,
+                check=True,
+            )
+        self.collections = work / f"collections-{self.label}"
+        link = self.collections / "ansible_collections" / "hostnet" / "llamafactory"
+        link.parent.mkdir(parents=True, exist_ok=True)
+        if not link.is_symlink():
+            link.symlink_to(self.tree)
+        self.env = {
+            "ANSIBLE_COLLECTIONS_PATH": f"{self.collections}:{ROOT / '.cache' / 'collections'}"
+        }
+
+    def remove(self) -> None:
+        subprocess.run(
+            ["git", "worktree", "remove", "--force", str(self.tree)],
+            cwd=ROOT,
+            capture_output=True,
+            check=False,
+        )
+        shutil.rmtree(self.collections, ignore_errors=True)
+
+
+def compare(bench: BenchCluster, results: Results, reps: int, rev: str, cap: float) -> None:
+    """The re-run on 2 and 8 VMs and the time until the preflight names each fault, with the
+    collection at `rev` ("before") and as this tree has it ("after"), interleaved: each pair of
+    runs alternates which goes first. Each revision re-runs jobs it trained itself (a job's
+    digest may differ between revisions)."""
+    _become_subreaper()
+    if len(bench.nodes) < 8:
+        raise BenchError("the comparison needs the cluster with 8 VMs")
+    before = Revision(rev, Path(tempfile.gettempdir()) / "hlf-bench-revisions")
+    sides = {"before": before, "after": None}
+    jobs = {
+        ("before", 2): f"{BASE_JOB}-{before.label}",
+        ("before", 8): f"{N8_JOB}-{before.label}",
+        ("after", 2): BASE_JOB,
+        ("after", 8): N8_JOB,
+    }
+    try:
+        for (side, count), job in jobs.items():
+            bench.ensure_trained(count, job, deadline_s=2400, revision=sides[side])
+        say(f"compare: the machine at rest after {settle():.0f} s")
+        for rep in range(1, reps + 1):
+            order = ("before", "after") if rep % 2 else ("after", "before")
+            for count in (2, 8) if rep % 2 else (8, 2):
+                case = f"re-run, {count} VMs"
+                for side in order:
+                    if results.has("compare-rerun", case, side, rep):
+                        continue
+                    settle(threshold=RERUN_REST, quiet_s=5, max_s=60)
+                    result = bench.train(
+                        bench.inventory(count),
+                        jobs[side, count],
+                        f"compare {side} {count} VMs {rep}",
+                        deadline_s=900,
+                        _revision=sides[side],
+                    )
+                    if result["rc"] != 0:
+                        raise BenchError(f"{case} ({side}) failed: {result['output'][-1500:]}")
+                    figures = {
+                        "seconds": round(result["seconds"], 1),
+                        "cpu_s": round(result["cpu_s"], 2),
+                        "changed": changed_tasks(result["output"]),
+                    }
+                    results.add("compare-rerun", case, side, rep, **figures)
+                    say(f"{case} {side} {rep}: {figures}")
+            for case in FAULTS:
+                for side in order:
+                    if results.has("compare-time-to-cause", case, side, rep):
+                        continue
+                    with fault_applied(bench, case, hand=False):
+                        figures = preflight_launch(
+                            bench, case, rep, cap, revision=sides[side], label=f" ({side})"
+                        )
+                    results.add("compare-time-to-cause", case, side, rep, **figures)
+                    say(f"time to cause: {case} {side} {rep}: {figures['seconds']} s")
+    finally:
+        before.remove()

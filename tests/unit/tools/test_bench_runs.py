@@ -296,3 +296,20 @@ def test_a_containers_cpu_is_read_from_its_cgroup_v1_or_v2(tmp_path):
     (v2 / "cpu.stat").write_text("usage_usec 1500000\nuser_usec 1000000\nsystem_usec 500000\n")
     assert runs.container_cpu_s("abc", tmp_path / "v2") == 1.5
     assert runs.container_cpu_s("abc", tmp_path / "none") is None
+
+
+def test_a_revision_is_a_worktree_on_a_collections_path_of_its_own(tmp_path):
+    revision = runs.Revision("HEAD", tmp_path)
+    try:
+        assert (revision.tree / "playbooks" / "train.yml").is_file()
+        link = revision.collections / "ansible_collections" / "hostnet" / "llamafactory"
+        assert link.resolve() == revision.tree.resolve()
+        first, rest = revision.env["ANSIBLE_COLLECTIONS_PATH"].split(":")
+        assert first == str(revision.collections)
+        assert rest == str(runs.ROOT / ".cache" / "collections")  # the other collections
+        assert runs.Revision("HEAD", tmp_path).tree == revision.tree  # made once
+    finally:
+        revision.remove()
+    assert not revision.tree.exists() and not revision.collections.exists()
+    with pytest.raises(Exception, match="returned non-zero"):
+        runs.Revision("no-such-revision", tmp_path)

@@ -1,4 +1,4 @@
-"""The filter network_report: discover.yml's one report for every node."""
+"""The filter network_report: discover_network's one report for every node."""
 
 from ansible_collections.hostnet.llamafactory.plugins.filter.network_report import network_report
 
@@ -49,7 +49,7 @@ def test_lines_per_node_in_input_order():
 def test_call_site(call_sites):
     # (llamafactory's `when` that loads every filter once is a bare expression: every run uses it)
     assert call_sites("network_report", network_report) == [
-        ("playbooks/discover.yml", 0, ["ranks", "master_addrs", "reached_at", "platform"])
+        ("roles/discover_network/tasks/main.yml", 0, ["ranks", "master_addrs", "reached_at", "platform"])
     ]
 
 
