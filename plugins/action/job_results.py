@@ -113,6 +113,7 @@ class ActionModule(ActionBase):
             "files": [dict((k, v) for k, v in f.items() if k != "content") for f in files],
             "size": described["size"],
             "over_limit": not described["checksummed"],
+            "max_mb": args["model_max_mb"],
             "fetched": [],
             "verified": False,
         }

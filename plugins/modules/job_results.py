@@ -123,6 +123,9 @@ model:
     over_limit:
       description: The model is larger than O(model_max_mb) and was not brought.
       type: bool
+    max_mb:
+      description: O(model_max_mb), the limit the model was held to.
+      type: float
     fetched:
       description: The files written to RV(model.path) (in check mode, the ones that would be).
       type: list

@@ -134,6 +134,7 @@ def test_a_model_over_the_limit_is_listed_not_brought(tmp_path, output):
     got = collect(tmp_path, model_max_mb=0.001)  # 1000 bytes: the model is 1.3 kB
     model = got["model"]
     assert model["over_limit"] and not model["verified"] and model["fetched"] == []
+    assert model["max_mb"] == 0.001  # the limit, for the message that names it
     assert [f["name"] for f in model["files"]] == MODEL
     assert "sha256" not in model["files"][0]  # not read for nothing
     assert not (tmp_path / "results" / "job" / "adapter").exists()

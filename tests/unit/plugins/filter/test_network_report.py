@@ -49,7 +49,11 @@ def test_lines_per_node_in_input_order():
 def test_call_site(call_sites):
     # (llamafactory's `when` that loads every filter once is a bare expression: every run uses it)
     assert call_sites("network_report", network_report) == [
-        ("roles/discover_network/tasks/main.yml", 0, ["ranks", "master_addrs", "reached_at", "platform"])
+        (
+            "roles/discover_network/tasks/main.yml",
+            0,
+            ["ranks", "master_addrs", "reached_at", "platform"],
+        )
     ]
 
 
