@@ -7,6 +7,7 @@ import re
 from pathlib import Path
 
 import pytest
+import yaml
 from ansible_collections.hostnet.llamafactory.plugins.module_utils import (
     _network_profile as profiles,
 )
@@ -292,3 +293,16 @@ def test_expected_bandwidth_sweeps_the_pass_marks_sizes():
     assert profiles.expected_bandwidth("a3-megagpu-8g", "socket") is None
     assert profiles.expected_bandwidth("n2-standard-4", "socket") is None
     assert profiles.NCCL_NETWORKS == {"socket": "Socket", "tcpxo": "FasTrak", "gib": "gIB"}
+
+
+def test_role_nccl_plugin_writes_what_the_profiles_point_at():
+    # The folders, scripts and A3 High's checker file the rank containers are pointed at are the
+    # ones role nccl_plugin installs and writes.
+    role = yaml.safe_load(
+        (Path(__file__).resolve().parents[4] / "roles/nccl_plugin/vars/main.yml").read_text()
+    )
+    assert role["nccl_plugin_dirs"] == profiles.PLUGIN_DIRS
+    assert role["nccl_plugin_env_scripts"] == profiles.ENV_SCRIPTS
+    checker = profiles.GUEST_CONFIG_CHECKS_DISABLED["a3-highgpu-8g"]
+    assert role["nccl_plugin_guest_config_file"] == checker["file"]
+    assert role["nccl_plugin_guest_config_lines"] == checker["lines"]

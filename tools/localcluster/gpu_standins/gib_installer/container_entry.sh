@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # stand-in for the local cluster; not Google's.
 # Stands in for /scripts/container_entry.sh of
-# us-docker.pkg.dev/gce-ai-infra/gpudirect-gib/nccl-plugin-gib:v1.1.0, the installer of Google's
+# us-docker.pkg.dev/gce-ai-infra/gpudirect-gib/nccl-plugin-gib:v1.1.1, the installer of Google's
 # gIB NCCL plugin (RDMA over RoCE: A3 Ultra, A4). It writes the layout the real installer writes,
 # but every library and config is a small text file: nothing here can load into NCCL.
 #
@@ -20,7 +20,7 @@
 # Differences, on purpose: an unknown subcommand or option exits 2 with the usage.
 set -eu
 
-VERSION="v1.1.0"
+VERSION="v1.1.1"
 IMAGE="us-docker.pkg.dev/gce-ai-infra/gpudirect-gib/nccl-plugin-gib:${VERSION}"
 ROOT="/var/lib/gib"
 

@@ -1,7 +1,7 @@
 # shellcheck shell=sh
 # stand-in for the local cluster; not Google's.
 # Stands in for /var/lib/gib/scripts/set_nccl_env.sh, written by the gIB plugin installer
-# (us-docker.pkg.dev/gce-ai-infra/gpudirect-gib/nccl-plugin-gib:v1.1.0). Google's script is not
+# (us-docker.pkg.dev/gce-ai-infra/gpudirect-gib/nccl-plugin-gib:v1.1.1). Google's script is not
 # published; the values below are those Google's public recipes set around it, each with its
 # source. Short names:
 #   PKB = GoogleCloudPlatform/PerfKitBenchmarker@2391eb06011d1184c7756deb99fa9ff5f396578c:
