@@ -186,8 +186,8 @@ def _gpu_health_findings(host, entry):
     """The node's GPU health (the module hostnet.llamafactory.gpu_health's result in
     entry['gpu_health'], None where it did not run): its error findings, the cause prefixed with
     the host (warnings and notes are printed on the node and do not stop the launch); the driver
-    against the CUDA version of the image's PyTorch (from the probe's report) when the module was
-    not told it."""
+    and the GPUs' kind (a B200 needs CUDA 12.8) against the CUDA version of the image's PyTorch
+    (from the probe's report) when the module was not told it."""
     result = (entry or {}).get("gpu_health")
     if not isinstance(result, dict) or result.get("skipped"):
         return []
@@ -208,14 +208,15 @@ def _gpu_health_findings(host, entry):
     ]
     torch = ((parse(entry).get("report") or {}).get("packages") or {}).get("torch")
     known = set(item.get("id") for item in result.get("findings") or [])
-    if image_cuda(torch) and "driver-older-than-image-cuda" not in known:
+    against = ("driver-older-than-image-cuda", "image-cuda-older-than-gpu")
+    if image_cuda(torch) and not known & set(against):
         driver = {
             "driver_version": result.get("driver_version"),
             "cuda_version": result.get("cuda_version"),
-            "gpus": [],
+            "gpus": result.get("gpus") or [],
         }
         for item in _gpu_health.check(driver, kernel_log="", image_cuda=image_cuda(torch)):
-            if item["level"] == "error":
+            if item["level"] == "error" and item["id"] in against:
                 cause = "%s: %s (torch %s)" % (host, item["detail"], torch)
                 found.append(_finding(item["id"], cause, item["fix"]))
     return found

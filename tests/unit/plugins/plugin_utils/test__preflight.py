@@ -520,3 +520,24 @@ def test_gpu_nodes_outside_one_placement_policy_are_a_warning(placements, warned
         assert "not all in one placement policy" in found[0]
     socket = {h: dict(n, profile="socket") for h, n in nodes.items()}
     assert preflight.warnings(socket) == []
+
+
+def test_an_a4_node_with_llamafactorys_cuda_12_4_image_is_stopped_by_the_gpus_name():
+    # No public B200 capture: the A100's, its product name changed to the B200's (one element)
+    # and its driver's CUDA to 12.8, so that only the GPU's kind can stop it.
+    data, reports = case("healthy")
+    for host in ("vm0", "vm1"):
+        reports[host]["report"]["packages"] = {"llamafactory": "0.9.5", "torch": "2.6.0+cu124"}
+        reports[host]["gpu_health"] = gpu_health("a100-sxm4-80gb-535.54.03.xml")
+        reports[host]["gpu_health"]["cuda_version"] = "12.8"
+        reports[host]["gpu_health"]["gpus"][0]["name"] = "NVIDIA B200"
+    found = verdict(data, reports)
+    assert [f["id"] for f in found] == ["image-cuda-older-than-gpu"] * 2
+    assert found[0]["cause"] == (
+        "vm0: the GPUs are NVIDIA B200 (Blackwell), which CUDA 12.8 or later builds for; the "
+        "image is built for CUDA 12.4 and cannot run on them (torch 2.6.0+cu124)"
+    )
+    assert "docs/gpu-families.md" in found[0]["fix"]
+    for host in ("vm0", "vm1"):
+        reports[host]["report"]["packages"]["torch"] = "2.8.0+cu128"
+    assert verdict(data, reports) == []
