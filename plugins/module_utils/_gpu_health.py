@@ -58,6 +58,22 @@ XID_NOTE = {
     43: "GPU stopped processing (often the application)",
     45: "preemptive cleanup after an earlier error",
 }
+# Critical Xids whose condition nvidia-smi reports now: the uncorrected ECC count since the driver
+# loaded, a pending or failed row remap, a pending page retirement, the GPU answering at all (79).
+# The kernel log keeps every Xid since boot; after a GPU reset (or a driver reload) cleared the
+# condition, the GPU's state says so, and such an Xid is a warning, not a reason to stop. The
+# others (NVLink, GSP) leave no state to read: they stay errors until the VM restarts.
+XID_CLEARED_BY_STATE = (48, 63, 64, 79, 92, 94, 95)
+# The first CUDA release that builds for a GPU architecture (NVIDIA's CUDA release notes: Hopper's
+# sm_90 in 11.8, Blackwell's sm_100 in 12.8): an image built for an older CUDA has no kernels for
+# the GPU and cannot run on it (LLaMA-Factory's own image is built on CUDA 12.4: not on A4's B200).
+# By the product name nvidia-smi reports.
+GPU_MIN_CUDA = (
+    ("B200", "Blackwell", "12.8"),
+    ("B100", "Blackwell", "12.8"),
+    ("H200", "Hopper", "11.8"),
+    ("H100", "Hopper", "11.8"),
+)
 _XID_LINE = re.compile(r"NVRM: Xid \((?:PCI:)?([0-9a-fA-F:.]+)[^)]*\): (\d+),?(.*)")
 _NA = ("N/A", "[N/A]", "", None)
 
@@ -231,6 +247,38 @@ HARDWARE_FIX = (
 )
 
 
+def _architecture_findings(gpus, image_cuda):
+    """An error when the image's CUDA is older than the first that builds for the GPUs' kind."""
+    wanted = _version(image_cuda)
+    names = sorted(set(g.get("name") or "" for g in gpus))
+    for marker, family, first in GPU_MIN_CUDA:
+        matching = [name for name in names if marker in name.upper()]
+        if wanted and matching and wanted < _version(first):
+            return [
+                _finding(
+                    "error",
+                    "image-cuda-older-than-gpu",
+                    "the GPUs are %s (%s), which CUDA %s or later builds for; the image is built "
+                    "for CUDA %s and cannot run on them"
+                    % (", ".join(matching), family, first, image_cuda),
+                    "use an image built for CUDA %s or later (llamafactory_image; on A4, see "
+                    "docs/gpu-families.md)" % first,
+                )
+            ]
+    return []
+
+
+def _state_clean(gpu):
+    """Whether nvidia-smi reports none of the conditions of XID_CLEARED_BY_STATE for `gpu` now
+    (an unknown value - an older driver, MIG - is not clean)."""
+    return (
+        gpu.get("ecc_uncorrected_volatile") == 0
+        and gpu.get("remap_pending") is not True
+        and gpu.get("remap_failure") is not True
+        and gpu.get("retired_pages_pending") is not True
+    )
+
+
 def check(smi, kernel_log=None, expected_gpus=None, image_cuda=None):
     """Findings for one node: smi is parse_smi_xml's (or parse_query_csv's) result; kernel_log
     the text read, or None when it could not be read (reported as unread, never as clean);
@@ -269,6 +317,7 @@ def check(smi, kernel_log=None, expected_gpus=None, image_cuda=None):
                 "settings), or use an image built for CUDA %s" % smi.get("cuda_version"),
             )
         )
+    findings += _architecture_findings(gpus, image_cuda)
     for gpu in gpus:
         where = "GPU %s (%s, %s)" % (gpu["index"], gpu.get("name"), gpu.get("pci_bus_id"))
         if gpu.get("ecc_uncorrected_volatile"):
@@ -355,18 +404,36 @@ def check(smi, kernel_log=None, expected_gpus=None, image_cuda=None):
                 or "see NVIDIA's Xid catalogue"
             )
             level = "error" if event["xid"] in XID_CRITICAL else "note"
+            cleared = (
+                level == "error"
+                and event["xid"] in XID_CLEARED_BY_STATE
+                and gpu is not None
+                and _state_clean(gpus[[g["index"] for g in gpus].index(gpu)])
+            )
+            if cleared:
+                level = "warning"
             findings.append(
                 _finding(
                     level,
                     "xid-%d" % event["xid"],
-                    "Xid %d on %s%s: %s"
+                    "Xid %d on %s%s: %s%s"
                     % (
                         event["xid"],
                         event["pci"],
                         "" if gpu is None else " (GPU %s)" % gpu,
                         meaning,
+                        " - logged earlier since boot; the GPU now reports no uncorrected ECC "
+                        "error since the driver loaded, no pending or failed row remap and no "
+                        "pending page retirement (a reset cleared it)"
+                        if cleared
+                        else "",
                     ),
-                    HARDWARE_FIX if level == "error" else "look at the job that ran then",
+                    "watch it: another Xid %d means a failing GPU (%s)"
+                    % (event["xid"], HARDWARE_FIX)
+                    if cleared
+                    else HARDWARE_FIX
+                    if level == "error"
+                    else "look at the job that ran then",
                     gpu,
                 )
             )

@@ -26,20 +26,30 @@ PROFILES = ("socket", "tcpxo", "gib")
 CHOICES = ("auto", *PROFILES)
 
 _CT = "GoogleCloudPlatform/cluster-toolkit"
-_CHS = "GoogleCloudPlatform/cluster-health-scanner"
+_CHS = "GoogleCloudPlatform/cluster-health-scanner@81c525d897f4e85a4f69dd1e389379de6f1e07c2:"
+_CEA = "GoogleCloudPlatform/container-engine-accelerators@992db81257553607f1477945f1b3219632991829:"
+_TCPXO = "google/nccl-plugin-gpudirect-tcpxo@04815d1bb89971577c7330f9873b70644b3a5934:"
+_SLURM = "GoogleCloudPlatform/slurm-gcp@13fd92b615c030b9ba62e4a87d610bcc7af72b75:"
+# repository@commit:path[:lines]. The fixture tests/unit/fixtures/network_profile/recipes.json
+# quotes the lines each value comes from.
 SOURCES = {
     "ct-a3high-tcpxo": _CT + "@146b72d8212e4831d30df5cfe4516d9d435fbeec:"
     "examples/machine-learning/a3-highgpu-8g/nccl-tests/run-nccl-tests.sh",
-    "ct-a3mega": _CT + "@2452d0dc718a82ec3e76da57d0c007fefeebc119:"
+    "ct-a3mega": _CT + "@1047080375afbb44da4b596be314634e7486af4a:"
     "examples/machine-learning/a3-megagpu-8g/nccl-tests/run-nccl-tests.sh",
-    "tcpxo-profile": "google/nccl-plugin-gpudirect-tcpxo@8f816be3b74e94cbbeb75db2762431ec09370ac1:"
-    "tcpxo_scripts/nccl-env-profile.sh",
-    "ct-a3ultra": _CT + "@c9ec0265044729f675562f19ed2845d08fca7251:"
+    # Sourced in the container: it sets the tuned NCCL_* values, NCCL_NVLSTREE_MAX_CHUNKSIZE=131072
+    # among them (line 53; the guest config checker enforces it), so none is repeated here.
+    "tcpxo-profile": _TCPXO + "tcpxo_scripts/nccl-env-profile.sh",
+    "ct-a3ultra": _CT + "@1047080375afbb44da4b596be314634e7486af4a:"
     "examples/machine-learning/a3-ultragpu-8g/nccl-tests/run-nccl-tests.sh",
+    # The older recipe (December 2024) that mounted /var/lib/gib as itself and had to override
+    # the two config paths set_nccl_env.sh hard-codes under /usr/local/gib.
     "ct-a3ultra-gib-var": _CT + "@2123ba50d7a0ed5d82f7fbf95a818aaf92860b67:"
     "examples/machine-learning/a3-ultragpu-8g/nccl-tests/run-nccl-tests.sh",
-    "cea-gib-installer": "GoogleCloudPlatform/container-engine-accelerators@"
-    "0c62442930784bafeeeb4f790e09bc7aa3235b21:gpudirect-rdma/nccl-rdma-installer.yaml",
+    # GKE: the installer image writes /var/lib/gib (copied to the host), the workload mounts the
+    # host's copy at /usr/local/gib and sources /usr/local/gib/scripts/set_nccl_env.sh.
+    "cea-gib-installer": _CEA + "gpudirect-rdma/nccl-rdma-installer.yaml:58-76",
+    "cea-gib-test": _CEA + "gpudirect-rdma/nccl-test.yaml:74-88",
     "ct-a4": _CT + "@0532a8f49829b6eb3647ca54e1db1c5722485ec0:"
     "examples/machine-learning/a4-highgpu-8g/system_benchmarks/run-nccl-tests-via-ramble.sh",
     "ct-a3ultra-blueprint": _CT + "@0072d1c01cf5ee90fe707b60a414d7c49947a145:"
@@ -48,9 +58,17 @@ SOURCES = {
     "examples/machine-learning/a3-megagpu-8g/a3mega-slurm-blueprint.yaml",
     "ct-gpu-rdma-vpc": _CT + "@08a7a7daff4e1f46e57ab22eba3a2b0c3308e4ff:"
     "modules/network/gpu-rdma-vpc/variables.tf",
-    "chs-nccl": _CHS + "@20b8492cdb0849e0f7d49e8ccad810dc601e1304:"
-    "deploy/helm/health_checks/nccl_healthcheck/{a3,a3plus,a3ultra,a4}.yaml (BANDWIDTH_THRESHOLD), "
-    "compared in src/nccl_healthcheck/nccl_startup.py@1751be84",
+    # RxDM's host setup and the plugin/RxDM pair (role nccl_plugin): modprobe import-helper
+    # (line 29), the images v1.0.17 / v1.0.23 (31-32), gcloud auth configure-docker
+    # us-docker.pkg.dev before the pulls (38).
+    "slurm-rxdm-prolog": _SLURM + "tools/prologs-epilogs/receive-data-path-manager-mega",
+    # The pass marks: BANDWIDTH_THRESHOLD per machine family (a3: TCPX, USE_TCPX true at line
+    # 39; a3plus: A3 Mega; a3ultra; a4), START/END_MESSAGE_SIZE 2G/8G (lines 31-32), compared
+    # with nccl-tests' "# Avg bus bandwidth" of the default BENCHMARK all_gather_perf.
+    "chs-nccl": _CHS + "deploy/helm/health_checks/nccl_healthcheck/{a3,a3plus,a3ultra,a4}.yaml:"
+    "31-38",
+    "chs-rule": _CHS + "src/nccl_healthcheck/nccl_startup.py:36,301,421",
+    "chs-nofile": _CHS + "src/nccl_healthcheck/run-nccl-combined-plugins.sh:45-46",
     "gcp-nccl-vms": "https://docs.cloud.google.com/ai-hypercomputer/docs/nccl/test-vms "
     "(Enable NCCL/gIB: the INFO line 'Using network gIB')",
     "dstack-gcp": "dstackai/dstack@1dc61213578c80204db94d60f36ebdd9ae90ca77:"
@@ -125,44 +143,74 @@ MACHINE_TYPES = {
     },
 }
 
-# Where each profile's plugin lives on the host, and the script that sets its tuned NCCL_*
-# values (sourced in the container before the explicit values below; never copied here).
-# gib: /var/lib/gib, where Google's installer image writes it (the GKE installer, and the A3
-# Ultra recipe before the apt package: ct-a3ultra-gib-var); the apt package nccl-gib installs
-# the same layout in /usr/local/gib (rank_setup's plugin_dir).
+# Where each profile's plugin lives on the host (what its installer image writes, role
+# nccl_plugin), and where the rank containers see it. gib: Google's set_nccl_env.sh hard-codes
+# /usr/local/gib/configs/... (the tuner and guest config checker files; a wrong
+# NCCL_TUNER_CONFIG_PATH crashes NCCL), so the host's /var/lib/gib is mounted at /usr/local/gib,
+# as GKE's recipe does (cea-gib-installer, cea-gib-test) and cluster-toolkit's since it dropped
+# its two overrides (ct-a3ultra against ct-a3ultra-gib-var). tcpxo: the same path on both sides
+# (ct-a3mega, ct-a3high-tcpxo).
 PLUGIN_DIRS = {"tcpxo": "/var/lib/tcpxo/lib64", "gib": "/var/lib/gib"}
+CONTAINER_DIRS = {"tcpxo": "/var/lib/tcpxo/lib64", "gib": "/usr/local/gib"}
 ENV_SCRIPTS = {"tcpxo": "nccl-env-profile.sh", "gib": "scripts/set_nccl_env.sh"}
 LIBRARY_DIRS = {"tcpxo": "", "gib": "lib64"}
 APERTURE_DEVICES = "/dev/aperture_devices"  # TCPXO's LLCM devices (ct-a3high-tcpxo)
 RDMA_DEVICES = "/dev/infiniband"  # the RDMA verbs devices a gIB rank opens
+# A3 High over TCPXO: Google's script points the guest config checker at a file of its own that
+# disables its env-var, attention-keyword and CPU-affinity checks (ct-a3high-tcpxo, lines
+# 93-98 and 112). Role nccl_plugin writes the same three lines into the plugin folder (after
+# each install) under this name; the checker reads it in the container.
+GUEST_CONFIG_CHECKS_DISABLED = {
+    "a3-highgpu-8g": {
+        "file": "hostnet-a3high-guest-config.textproto",
+        "lines": [
+            "env_var_check_level: CHECK_DISABLED",
+            "attention_keyword_check_level: CHECK_DISABLED",
+            "cpu_affinity_check_level: CHECK_DISABLED",
+        ],
+        "source": "ct-a3high-tcpxo",
+    }
+}
 
-# Expected two-node (8 GPUs each) bus bandwidth, GB/s. threshold: Google's cluster-health-scanner
-# pass mark ("# Avg bus bandwidth" of all_gather_perf, 2 hosts, 2 GiB to 8 GiB). published: the
-# peak out-of-place busbw at 8 GiB in dstack's examples (None where none is published).
-EXPECTED_BUSBW = {
+GIB = 1 << 30
+# The pass marks, as data: two nodes of 8 GPUs, the collective, the message sizes and the rule
+# (the average bus bandwidth over those sizes, nccl-tests' "# Avg bus bandwidth" of a 2G..8G
+# sweep doubling: 2, 4 and 8 GiB), the mark in GB/s and its source; published: a measured
+# figure (peak busbw at 8 GiB, same collective) for the report, or None. A mark of None: no
+# source for this machine type over this transport (cluster-health-scanner's a3-highgpu-8g mark,
+# 60, is for TCPX, not the TCPXO the collection runs there).
+PASS_MARKS = {
     "a3-highgpu-8g": {
         "collective": "all_gather",
-        "threshold": 60,
-        "published": 50.2,  # with TCPX, the older plugin
-        "size": 8 << 30,
+        "sizes": [2 * GIB, 4 * GIB, 8 * GIB],
+        "rule": "average",
+        "threshold": None,
+        "source": "chs-nccl (a3.yaml: 60 GB/s, for TCPX; no TCPXO mark published)",
+        "published": None,  # dstack's 50.2 GB/s is TCPX too
     },
     "a3-megagpu-8g": {
         "collective": "all_gather",
-        "threshold": 90,
-        "published": 188.5,
-        "size": 8 << 30,
+        "sizes": [2 * GIB, 4 * GIB, 8 * GIB],
+        "rule": "average",
+        "threshold": 150,
+        "source": "chs-nccl (a3plus.yaml:38), chs-rule",
+        "published": 188.5,  # dstack-gcp
     },
     "a3-ultragpu-8g": {
         "collective": "all_gather",
+        "sizes": [2 * GIB, 4 * GIB, 8 * GIB],
+        "rule": "average",
         "threshold": 250,
+        "source": "chs-nccl (a3ultra.yaml:38), chs-rule",
         "published": None,
-        "size": 8 << 30,
     },
     "a4-highgpu-8g": {
         "collective": "all_gather",
+        "sizes": [2 * GIB, 4 * GIB, 8 * GIB],
+        "rule": "average",
         "threshold": 250,
+        "source": "chs-nccl (a4.yaml:38), chs-rule",
         "published": None,  # dstack's 683.5 GB/s is all_reduce, above the NICs' line rate
-        "size": 8 << 30,
     },
 }
 
@@ -170,7 +218,6 @@ EXPECTED_BUSBW = {
 # plugin is in use: gIB as Google's "Run NCCL on Compute Engine instances" shows it (gcp-nccl-vms);
 # FasTrak, the TCPXO plugin's network (its NCCL_FASTRAK_* variables); Socket, NCCL's own TCP.
 NCCL_NETWORKS = {"socket": "Socket", "tcpxo": "FasTrak", "gib": "gIB"}
-SWEEP_FROM = 256 << 20  # the smoke test's sweep starts here and doubles up to `size`
 
 _PCI_SLOT = re.compile(r"^[0-9a-f]{4}:[0-9a-f]{2}:[0-9a-f]{2}\.[0-7]$")
 # A host (gVNIC) NIC's slot on bus 0, as nccl-env-profile.sh tells it from the GPU NICs.
@@ -348,12 +395,14 @@ def socket_env(nic):
     return {"NCCL_SOCKET_IFNAME": "=%s" % nic, "GLOO_SOCKET_IFNAME": nic}
 
 
-def rank_setup(profile, primary, control=(), gpu=(), plugin_dir=None):
+def rank_setup(profile, primary, control=(), gpu=(), plugin_dir=None, machine_type=None):
     """What a rank's container needs for `profile`: env (explicit values), env_script (sourced
     before them, in the container), library_path (prepended to LD_LIBRARY_PATH), volumes and
     devices; paths: what the node must have for them ([{path, kind}], kind env_script, device
-    or volume: the preflight looks for them). primary: the training NIC (MASTER_ADDR's side,
-    Gloo's). NCCL_IB_DISABLE is the job's (llamafactory_nccl_ib_disable, socket profile only):
+    or volume: host paths, the preflight looks for them). primary: the training NIC
+    (MASTER_ADDR's side, Gloo's); plugin_dir: the plugin's folder on the host when not the
+    installer's (PLUGIN_DIRS); machine_type: for its own settings (A3 High's guest config
+    checker). NCCL_IB_DISABLE is the job's (llamafactory_nccl_ib_disable, socket profile only):
     RDMA is gIB's point."""
     if profile == "socket":
         return {
@@ -366,22 +415,31 @@ def rank_setup(profile, primary, control=(), gpu=(), plugin_dir=None):
         }
     if profile not in PLUGIN_DIRS:
         raise ProfileError("network profile %r is not one of %s" % (profile, ", ".join(PROFILES)))
-    base = (plugin_dir or PLUGIN_DIRS[profile]).rstrip("/")
+    host = (plugin_dir or PLUGIN_DIRS[profile]).rstrip("/")
+    inside = CONTAINER_DIRS[profile]
     control = list(control) or [primary]
-    script = "%s/%s" % (base, ENV_SCRIPTS[profile])
-    library = ("%s/%s" % (base, LIBRARY_DIRS[profile])).rstrip("/")
+    script = "%s/%s" % (inside, ENV_SCRIPTS[profile])
+    library = ("%s/%s" % (inside, LIBRARY_DIRS[profile])).rstrip("/")
     # Exact names ("="): a prefix like enp0s1 would also match enp0s12.
     socket_ifname = "=" + ",".join(control)
+    extra_paths = []
     if profile == "tcpxo":
         env = {
-            "NCCL_LIB_DIR": base,
+            "NCCL_LIB_DIR": inside,
             "NCCL_FASTRAK_CTRL_DEV": control[0],
             "NCCL_FASTRAK_IFNAME": ",".join(gpu),
             "NCCL_SOCKET_IFNAME": socket_ifname,
             "NCCL_FASTRAK_LLCM_DEVICE_DIRECTORY": APERTURE_DEVICES,
             "GLOO_SOCKET_IFNAME": primary,
         }
-        volumes = ["%s:%s:ro" % (base, base), "%s:%s" % (APERTURE_DEVICES, APERTURE_DEVICES)]
+        checker = GUEST_CONFIG_CHECKS_DISABLED.get(machine_type or "")
+        if checker:
+            env["NCCL_SHIMNET_GUEST_CONFIG_CHECKER_CONFIG_FILE"] = "%s/%s" % (
+                inside,
+                checker["file"],
+            )
+            extra_paths.append({"path": "%s/%s" % (host, checker["file"]), "kind": "volume"})
+        volumes = ["%s:%s:ro" % (host, inside), "%s:%s" % (APERTURE_DEVICES, APERTURE_DEVICES)]
         devices = []
     else:
         env = {
@@ -389,9 +447,9 @@ def rank_setup(profile, primary, control=(), gpu=(), plugin_dir=None):
             "NCCL_SOCKET_IFNAME": socket_ifname,
             "GLOO_SOCKET_IFNAME": primary,
         }
-        volumes = ["%s:%s:ro" % (base, base)]
+        volumes = ["%s:%s:ro" % (host, inside)]
         devices = [RDMA_DEVICES]
-    paths = [{"path": script, "kind": "env_script"}]
+    paths = [{"path": "%s/%s" % (host, ENV_SCRIPTS[profile]), "kind": "env_script"}]
     paths += [{"path": device, "kind": "device"} for device in devices]
     for volume in volumes:
         source = volume.split(":")[0]
@@ -402,18 +460,21 @@ def rank_setup(profile, primary, control=(), gpu=(), plugin_dir=None):
         "library_path": [library, "/usr/lib/x86_64-linux-gnu"],
         "volumes": volumes,
         "devices": devices,
-        "paths": paths,
+        "paths": paths + extra_paths,
     }
 
 
 def expected_bandwidth(machine_type, profile):
-    """What the smoke test measures against on `machine_type` with `profile`: the collective,
-    its sweep (bytes, doubling up to the size the figures were measured at), the pass mark and
-    the published figure (GB/s busbw); None for the socket profile or an unknown type."""
-    figures = EXPECTED_BUSBW.get(machine_type or "")
-    if profile == "socket" or not figures:
+    """What the smoke test measures against on `machine_type` with `profile`: its pass mark
+    (PASS_MARKS: collective, sizes, rule, threshold - None where unknown -, source, published)
+    with sweep_bytes (the sizes the smoke test runs: the mark's own), size (the largest) and the
+    GPUs per node it applies to; None for the socket profile or an unknown type."""
+    mark = PASS_MARKS.get(machine_type or "")
+    if profile == "socket" or not mark:
         return None
-    sweep = [SWEEP_FROM]
-    while sweep[-1] < figures["size"]:
-        sweep.append(sweep[-1] * 2)
-    return dict(figures, sweep_bytes=sweep, gpus=MACHINE_TYPES[machine_type]["gpus"])
+    return dict(
+        mark,
+        sweep_bytes=list(mark["sizes"]),
+        size=max(mark["sizes"]),
+        gpus=MACHINE_TYPES[machine_type]["gpus"],
+    )

@@ -239,7 +239,9 @@ def profile_of(layout, chosen, requested):
         found["problems"] = [{"id": "gpu-nics-missing", "detail": str(exc)}]
         why = "%s calls for %s, but %s" % (why, profile, exc)
         profile = "socket"
-    setup = network_profile.rank_setup(profile, chosen, found["control"], found["gpu"])
+    setup = network_profile.rank_setup(
+        profile, chosen, found["control"], found["gpu"], machine_type=layout.get("machine_type")
+    )
     return dict(
         found,
         profile=profile,

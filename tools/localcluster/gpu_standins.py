@@ -28,9 +28,9 @@ KIND = "gpu-standin"
 
 IMAGES = {
     "tcpxo_installer": "us-docker.pkg.dev/gce-ai-infra/gpudirect-tcpxo/"
-    "nccl-plugin-gpudirecttcpx-dev:v1.0.15",
-    "rxdm": "us-docker.pkg.dev/gce-ai-infra/gpudirect-tcpxo/tcpgpudmarxd-dev:v1.0.21",
-    "gib_installer": "us-docker.pkg.dev/gce-ai-infra/gpudirect-gib/nccl-plugin-gib:v1.1.0",
+    "nccl-plugin-gpudirecttcpx-dev:v1.0.17",
+    "rxdm": "us-docker.pkg.dev/gce-ai-infra/gpudirect-tcpxo/tcpgpudmarxd-dev:v1.0.23",
+    "gib_installer": "us-docker.pkg.dev/gce-ai-infra/gpudirect-gib/nccl-plugin-gib:v1.1.1",
 }
 # Per image: the folder of gpu_standins/ it carries, where the image has it, and its entrypoint.
 LAYOUT = {

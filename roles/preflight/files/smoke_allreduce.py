@@ -3,13 +3,13 @@ of the job, started by torchrun with the job's own environment (MASTER_ADDR, MAS
 NNODES, NODE_RANK, NCCL_/GLOO_SOCKET_IFNAME...), in the training image. Rank 0 prints one JSON
 line with the measured bandwidth, as nccl-tests defines it: algorithm bandwidth = bytes / time
 (bytes: the buffer, all_gather's whole output), bus bandwidth = algorithm bandwidth x 2(n-1)/n
-for all_reduce, x (n-1)/n for all_gather. With several sizes (a sweep, doubling up to the size
-a published figure was measured at) each size's figures are listed; the top-level ones are the
-largest size's.
+for all_reduce, x (n-1)/n for all_gather. With several sizes (a sweep: the pass mark's sizes,
+2, 4 and 8 GiB, whose busbw the mark's rule averages) each size's figures are listed; the
+top-level ones are the largest size's.
 
     torchrun ... smoke_allreduce.py --backend gloo --size-mb 64 --iterations 5 --deadline 60
     torchrun ... smoke_allreduce.py --backend nccl --collective all_gather \
-        --sizes-mb 268.435456 536.870912 ... 8589.934592 --deadline 300
+        --sizes-bytes 2147483648 4294967296 8589934592 --deadline 300
 """
 
 import argparse

@@ -27,7 +27,7 @@ JOB_SETTINGS = {
 }
 ROLES = ("llamafactory", "nccl_plugin", "discover_network")
 GCP = {
-    "llamafactory_ulimits": ["memlock:-1:-1", "stack:67108864:67108864"],
+    "llamafactory_ulimits": ["memlock:-1:-1", "stack:67108864:67108864", "nofile:1048576:1048576"],
     "nccl_plugin_rxdm_privileged": True,
     "discover_network_gcp_metadata": "auto",
 }

@@ -1,6 +1,8 @@
 """The preflight's smoke test makes the network profile's environment as the rank's agent does
 (roles/launch/files/rank_agent.py network_env, tested in test_rank_agent.py): the shell prelude
-of roles/preflight/vars/main.yml (preflight_smoke_network), rendered by Ansible and run by sh."""
+of roles/preflight/vars/main.yml (preflight_smoke_network), rendered by Ansible and run by the
+shell smoke.yml starts: bash where a plugin's script is sourced (Google's nccl-env-profile.sh is
+bash-only), sh otherwise."""
 
 import json
 import os
@@ -9,6 +11,7 @@ import sys
 from pathlib import Path
 
 import pytest
+import yaml
 
 ROOT = Path(__file__).resolve().parents[3]
 PLAYBOOK = """
@@ -46,9 +49,9 @@ def prelude(tmp_path, setup, gpus=0):
     return out.read_text().removeprefix("# ")  # a comment mark: copy needs some content
 
 
-def run(text, env):
+def run(text, env, shell="bash"):
     return subprocess.run(
-        ["sh", "-c", text + " exec env"],
+        [shell, "-c", text + " exec env"],
         capture_output=True,
         text=True,
         env=env,
@@ -61,7 +64,10 @@ def run(text, env):
 def script(tmp_path_factory):
     folder = tmp_path_factory.mktemp("plugin")
     path = folder / "nccl-env-profile.sh"
+    # bash-only, as nccl-env-profile.sh is (a function with `local`, [[ =~ ]]).
     path.write_text(
+        'find() { local slot="0000:06:00.0"; [[ "${slot}" =~ 0[6-7]\\:00\\.0 ]]; }\n'
+        "find || exit 9\n"
         'echo "profile loaded"\nNCCL_SOCKET_IFNAME=eth0\nNCCL_PROTO=Simple,LL128\n'
         'LD_LIBRARY_PATH="${NCCL_LIB_DIR}:${LD_LIBRARY_PATH}"\n'
     )
@@ -109,3 +115,15 @@ def test_gpu_nodes_of_a_plugin_profile_log_nccls_network(tmp_path, script):
     got = dict(line.split("=", 1) for line in done.stdout.splitlines() if "=" in line)
     assert (got["NCCL_DEBUG"], got["NCCL_DEBUG_SUBSYS"]) == ("INFO", "INIT,NET")
     assert "NCCL_DEBUG=" not in run(prelude(tmp_path, setup, gpus=0), {}).stdout
+
+
+def test_smoke_yml_runs_a_plugins_script_under_bash(tmp_path, script):
+    tasks = yaml.safe_load((ROOT / "roles/preflight/tasks/smoke.yml").read_text())
+    start = next(t for t in tasks[1]["block"] if t["name"].startswith("Start the"))
+    shell = start["community.docker.docker_container"]["command"][0]
+    assert shell == "{{ 'bash' if llamafactory_network_setup.env_script is not none else 'sh' }}"
+    setup = {"profile": "tcpxo", "env_script": script, "library_path": []}
+    text = prelude(tmp_path, setup)
+    assert run(text, {"PATH": os.environ["PATH"], "NCCL_LIB_DIR": "/x"}).returncode == 0
+    if Path("/bin/sh").resolve().name == "dash":  # where sh is not bash, the script fails in it
+        assert run(text, {"PATH": os.environ["PATH"], "NCCL_LIB_DIR": "/x"}, "sh").returncode != 0

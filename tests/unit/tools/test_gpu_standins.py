@@ -73,9 +73,10 @@ GIB_ENV = {
     "NCCL_IB_FIFO_TC": "84",
     "NCCL_IB_GID_INDEX": "3",
     "NCCL_SOCKET_IFNAME": "enp0s19,enp192s20",
-    "NCCL_TUNER_CONFIG_PATH": "/var/lib/gib/configs/tuner_config.txtpb",
-    "NCCL_SHIMNET_GUEST_CONFIG_CHECKER_CONFIG_FILE": "/var/lib/gib/configs/guest_config.txtpb",
-    "LD_LIBRARY_PATH": "/var/lib/gib/lib64:",
+    # Under /usr/local/gib, where the workload containers see the installer's folder.
+    "NCCL_TUNER_CONFIG_PATH": "/usr/local/gib/configs/tuner_config.txtpb",
+    "NCCL_SHIMNET_GUEST_CONFIG_CHECKER_CONFIG_FILE": "/usr/local/gib/configs/guest_config.txtpb",
+    "LD_LIBRARY_PATH": "/usr/local/gib/lib64:",
 }
 GIB_FILES = {
     "lib64/libnccl-net.so",
@@ -353,9 +354,9 @@ def test_gib_installer_writes_the_plugin_and_its_env_script(var_lib, containers)
         changed, errors = env_after(
             containers(),
             GIB,
-            ["-v", f"{gib}:/var/lib/gib:ro"],
+            ["-v", f"{gib}:/usr/local/gib:ro"],
             shell,
-            ". /var/lib/gib/scripts/set_nccl_env.sh",
+            ". /usr/local/gib/scripts/set_nccl_env.sh",
         )
         assert errors == ""
         assert changed == GIB_ENV, shell

@@ -12,11 +12,18 @@ from ansible_collections.hostnet.llamafactory.plugins.filter.smoke_verdict impor
 )
 from ansible_collections.hostnet.llamafactory.plugins.module_utils import _network_profile
 
+GIB = 1 << 30
 
-def rank0_output(world, backend, collective, size, busbw, network=None):
-    """rank 0's `docker logs` lines, as roles/preflight/files/smoke_allreduce.py prints them."""
+
+def rank0_output(world, backend, collective, size, busbw, network=None, sweep=None):
+    """rank 0's `docker logs` lines, as roles/preflight/files/smoke_allreduce.py prints them;
+    sweep: {bytes: busbw} of the smaller sizes before `size`."""
     factor = {"all_reduce": 2 * (world - 1) / world, "all_gather": (world - 1) / world}
     algbw = round(busbw / factor[collective], 3)  # smoke_allreduce.py's BUS_FACTOR
+    sizes = [
+        {"bytes": b, "busbw_GBps": bw, "algbw_GBps": round(bw / factor[collective], 3)}
+        for b, bw in {**(sweep or {}), size: busbw}.items()
+    ]
     lines = [f"smoke test: rank 0 of {world} joined in 3.2 s"]
     if network:
         lines.append(f"a3mega-vm-0:606:642 [0] NCCL INFO Using network {network}")
@@ -33,6 +40,7 @@ def rank0_output(world, backend, collective, size, busbw, network=None):
         "algbw_GBps": algbw,
         "busbw_GBps": busbw,
         "joined_s": 3.2,
+        "sizes": sizes,
     }
     lines.append(json.dumps({"smoke": result}))
     return lines
@@ -60,13 +68,32 @@ def test_the_demos_gloo_run_on_cpus_passes_with_its_line():
     }
 
 
-def test_an_a3_mega_job_on_fastrak_gets_its_fraction_of_the_pass_mark():
-    lines = rank0_output(16, "nccl", "all_gather", 8 << 30, 150.0, network="FasTrak")
+def test_an_a3_mega_job_on_fastrak_is_judged_on_the_average_over_2_4_8_gib():
+    # cluster-health-scanner's rule: the average busbw of the 2, 4 and 8 GiB all_gather.
+    sweep = {2 * GIB: 140.0, 4 * GIB: 150.0}
+    lines = rank0_output(16, "nccl", "all_gather", 8 * GIB, 160.0, "FasTrak", sweep)
     verdict = judge(lines, "a3-megagpu-8g", "tcpxo", gpus_per_node=8)
     assert verdict["findings"] == [] and verdict["warnings"] == []
     assert verdict["line"].endswith(
-        "; NCCL network FasTrak; 167% of the pass mark 90 GB/s, 80% of the published 188.5 GB/s"
+        "; NCCL network FasTrak; average busbw over 2, 4, 8 GiB 150.0 GB/s, 100% of the pass "
+        "mark 150 GB/s; 85% of the published 188.5 GB/s (peak, 8 GiB)"
     )
+    # 8 GiB alone above the mark, the average under it: a warning.
+    sweep = {2 * GIB: 120.0, 4 * GIB: 140.0}
+    lines = rank0_output(16, "nccl", "all_gather", 8 * GIB, 160.0, "FasTrak", sweep)
+    low = judge(lines, "a3-megagpu-8g", "tcpxo", gpus_per_node=8)
+    assert low["warnings"][0].startswith(
+        "average bus bandwidth 140.0 GB/s is under the pass mark 150 GB/s"
+    )
+
+
+def test_a3_high_over_tcpxo_has_no_pass_mark_and_says_so():
+    sweep = {2 * GIB: 40.0, 4 * GIB: 45.0}
+    lines = rank0_output(16, "nccl", "all_gather", 8 * GIB, 50.0, "FasTrak", sweep)
+    verdict = judge(lines, "a3-highgpu-8g", "tcpxo", gpus_per_node=8)
+    assert verdict["warnings"] == []
+    assert "average busbw over 2, 4, 8 GiB 45.0 GB/s (no pass mark known" in verdict["line"]
+    assert "for TCPX" in verdict["line"]
 
 
 def test_plain_sockets_under_the_tcpxo_profile_stop_the_launch():
@@ -82,16 +109,23 @@ def test_plain_sockets_under_the_tcpxo_profile_stop_the_launch():
     assert [f["id"] for f in unseen["findings"]] == ["nccl-network-unseen"]
 
 
-def test_under_the_pass_mark_warns_and_another_shape_gets_no_fraction():
-    lines = rank0_output(16, "nccl", "all_gather", 8 << 30, 60.0, network="FasTrak")
-    low = judge(lines, "a3-megagpu-8g", "tcpxo", gpus_per_node=8)
-    assert low["findings"] == []
-    assert low["warnings"][0].startswith("bus bandwidth 60.0 GB/s is under the pass mark 90 GB/s")
+def test_a_missing_size_or_another_shape_gets_no_fraction():
+    sweep = {2 * GIB: 60.0, 4 * GIB: 60.0}
+    lines = rank0_output(16, "nccl", "all_gather", 8 * GIB, 60.0, "FasTrak", sweep)
     four = judge(lines, "a3-megagpu-8g", "tcpxo", gpus_per_node=4)
     assert four["warnings"] == []
     assert four["line"].endswith(
-        "(no fraction: the pass mark is for all_gather at 8 GiB on nodes of 8 GPUs)"
+        "(no fraction: the pass mark is for all_gather averaged over 2, 4, 8 GiB on nodes of "
+        "8 GPUs)"
     )
+    # 8 GiB alone (no sweep): the rule cannot be applied.
+    alone = judge(
+        rank0_output(16, "nccl", "all_gather", 8 * GIB, 60.0, "FasTrak"),
+        "a3-megagpu-8g",
+        "tcpxo",
+        8,
+    )
+    assert alone["warnings"] == [] and "(no fraction" in alone["line"]
 
 
 def test_no_result_gives_no_line():

@@ -3,9 +3,11 @@ the rendered environment against the values of Google's recipes
 (tests/unit/fixtures/network_profile/recipes.json, each with its source)."""
 
 import json
+import re
 from pathlib import Path
 
 import pytest
+import yaml
 from ansible_collections.hostnet.llamafactory.plugins.module_utils import (
     _network_profile as profiles,
 )
@@ -47,10 +49,51 @@ LAYOUTS["a4-highgpu-8g"] = LAYOUTS["a3-ultragpu-8g"]
 RDMA = {t: [n["name"] for n in LAYOUTS[t] if "rdma" in n["name"]] for t in LAYOUTS}
 
 
+SOURCE = re.compile(r"^[\w.-]+/[\w.-]+@[0-9a-f]{40}:[\w./-]+$")
+
+
+def quoted_values(recipe):
+    """(what, {value, line}) of every recipe value of the fixture."""
+    for key, entry in recipe["env"].items():
+        yield key, entry
+    for key in ("sources_script", "ld_library_path"):
+        if key in recipe:
+            yield key, recipe[key]
+    for entry in recipe["mounts"]:
+        yield "mount", entry
+    checker = recipe.get("guest_config_checker") or {}
+    for entry in checker.get("lines", []):
+        yield "guest config", entry
+    if checker:
+        yield "guest config env", checker["env"]
+
+
+def test_every_fixture_value_quotes_its_source_line():
+    # Quotes, not paraphrases: the file and commit, the line's number and its exact text.
+    for recipe in RECIPES:
+        assert SOURCE.match(recipe["source"]), recipe["source"]
+        quotes = {q["line"]: q["text"] for q in recipe["quotes"]}
+        for what, entry in quoted_values(recipe):
+            assert set(entry) == {"value", "line"}, (recipe["source"], what)
+            assert entry["line"] in quotes, (recipe["source"], what, entry)
+            assert entry["value"] in quotes[entry["line"]], (recipe["source"], what, entry)
+
+
+def test_a_fixture_value_without_its_quote_is_refused():
+    recipe = json.loads(json.dumps(RECIPES[0]))
+    recipe["env"]["NCCL_FASTRAK_CTRL_DEV"] = {"value": "enp0s12"}
+    with pytest.raises(AssertionError):
+        for what, entry in quoted_values(recipe):
+            assert set(entry) == {"value", "line"}, what
+
+
+def container_side(volume):
+    parts = volume.split(":")
+    return parts[1] if len(parts) > 1 else parts[0]
+
+
 @pytest.mark.parametrize(
-    "recipe",
-    RECIPES,
-    ids=lambda r: r["machine_type"] + ("-" + r["plugin_dir"] if "plugin_dir" in r else ""),
+    "recipe", RECIPES, ids=lambda r: r["machine_type"] + "-" + r["source"].split("/")[1][:20]
 )
 def test_rendered_env_matches_googles_recipe(recipe):
     machine = recipe["machine_type"]
@@ -59,17 +102,54 @@ def test_rendered_env_matches_googles_recipe(recipe):
     found = profiles.find_nics(profile, machine, LAYOUTS[machine], RDMA[machine])
     assert found["problems"] == []
     setup = profiles.rank_setup(
-        profile, found["control"][0], found["control"], found["gpu"], recipe.get("plugin_dir")
+        profile, found["control"][0], found["control"], found["gpu"], machine_type=machine
     )
-    for key, value in recipe["env"].items():
-        ours = setup["env"][key]
+    for key, entry in recipe["env"].items():
+        ours, value = setup["env"][key], entry["value"]
         # NCCL_SOCKET_IFNAME in the exact-name form ("=a,b"): the same NICs, no prefix match.
         assert ours.lstrip("=") == value if key == "NCCL_SOCKET_IFNAME" else ours == value, key
-    assert setup["env_script"] == recipe["sources_script"]
-    assert setup["library_path"][: len(recipe["ld_library_path"])] == recipe["ld_library_path"]
-    mounted = [volume.split(":")[0] for volume in setup["volumes"]]
-    assert set(recipe["mounts"]) <= set(mounted)
+    if "sources_script" in recipe:
+        assert setup["env_script"] == recipe["sources_script"]["value"]
+    if "ld_library_path" in recipe:
+        wanted = recipe["ld_library_path"]["value"].split(":")
+        assert setup["library_path"][:1] == wanted[:1]
+    inside = {container_side(volume) for volume in setup["volumes"]}
+    for entry in recipe["mounts"]:
+        assert container_side(entry["value"]).rstrip("/") in inside, entry
+    for key in recipe.get("unset", []):
+        assert key not in setup["env"], key
+    checker = recipe.get("guest_config_checker")
+    if checker:
+        name = setup["env"]["NCCL_SHIMNET_GUEST_CONFIG_CHECKER_CONFIG_FILE"]
+        assert name.startswith(profiles.CONTAINER_DIRS[profile] + "/")
+        rule = profiles.GUEST_CONFIG_CHECKS_DISABLED[machine]
+        assert name.endswith("/" + rule["file"])
+        assert rule["lines"] == [entry["value"] for entry in checker["lines"]]
     assert "NCCL_IB_DISABLE" not in setup["env"]
+
+
+def test_gib_mounts_the_hosts_folder_where_googles_script_looks():
+    # set_nccl_env.sh hard-codes /usr/local/gib/configs: the host's /var/lib/gib (where the
+    # installer image writes) is seen there; the preflight looks for the host's paths.
+    setup = profiles.rank_setup("gib", "enp0s19", ["enp0s19"], ["gpu0rdma0"])
+    assert setup["volumes"] == ["/var/lib/gib:/usr/local/gib:ro"]
+    assert setup["env_script"] == "/usr/local/gib/scripts/set_nccl_env.sh"
+    assert setup["library_path"][0] == "/usr/local/gib/lib64"
+    assert {"path": "/var/lib/gib/scripts/set_nccl_env.sh", "kind": "env_script"} in setup["paths"]
+    assert {"path": "/var/lib/gib", "kind": "volume"} in setup["paths"]
+
+
+def test_a3_high_points_the_guest_config_checker_at_its_own_file():
+    setup = profiles.rank_setup(
+        "tcpxo", "enp0s12", ["enp0s12"], ["enp6s0f0"], machine_type="a3-highgpu-8g"
+    )
+    name = "hostnet-a3high-guest-config.textproto"
+    assert setup["env"]["NCCL_SHIMNET_GUEST_CONFIG_CHECKER_CONFIG_FILE"] == (
+        f"/var/lib/tcpxo/lib64/{name}"
+    )
+    assert {"path": f"/var/lib/tcpxo/lib64/{name}", "kind": "volume"} in setup["paths"]
+    mega = profiles.rank_setup("tcpxo", "enp0s12", ["enp0s12"], ["enp6s0"], None, "a3-megagpu-8g")
+    assert "NCCL_SHIMNET_GUEST_CONFIG_CHECKER_CONFIG_FILE" not in mega["env"]
 
 
 def test_tcpxo_finds_gpu_nics_by_name_when_no_pci_address_is_seen():
@@ -180,7 +260,13 @@ def test_every_machine_type_cites_its_source_and_expected_bandwidth():
     for machine, layout in profiles.MACHINE_TYPES.items():
         assert layout["source"] in profiles.SOURCES
         assert len(layout["gpu_nic_names"]) in (4, 8)
-        assert profiles.EXPECTED_BUSBW[machine]["threshold"] > 0
+        mark = profiles.PASS_MARKS[machine]
+        assert mark["threshold"] is None or mark["threshold"] > 0
+        assert mark["source"].split(" ")[0] in profiles.SOURCES
+        assert mark["rule"] == "average" and mark["sizes"] == [2 << 30, 4 << 30, 8 << 30]
+    # A3 High's only published mark (60) is for TCPX: none for the TCPXO the collection runs.
+    assert profiles.PASS_MARKS["a3-highgpu-8g"]["threshold"] is None
+    assert profiles.PASS_MARKS["a3-megagpu-8g"]["threshold"] == 150
 
 
 def test_the_training_nic_is_the_control_nic_of_last_resort():
@@ -195,15 +281,28 @@ def test_the_training_nic_is_the_control_nic_of_last_resort():
         profiles.find_nics("tcpxo", "a3-megagpu-8g", layout)
 
 
-def test_expected_bandwidth_sweeps_up_to_the_published_size():
+def test_expected_bandwidth_sweeps_the_pass_marks_sizes():
     expected = profiles.expected_bandwidth("a3-megagpu-8g", "tcpxo")
-    assert expected["sweep_bytes"] == [(256 << 20) << i for i in range(6)]
-    assert expected["sweep_bytes"][-1] == expected["size"] == 8 << 30
+    assert expected["sweep_bytes"] == [2 << 30, 4 << 30, 8 << 30]
+    assert expected["size"] == 8 << 30
     assert (expected["collective"], expected["threshold"], expected["gpus"]) == (
         "all_gather",
-        90,
+        150,
         8,
     )
     assert profiles.expected_bandwidth("a3-megagpu-8g", "socket") is None
     assert profiles.expected_bandwidth("n2-standard-4", "socket") is None
     assert profiles.NCCL_NETWORKS == {"socket": "Socket", "tcpxo": "FasTrak", "gib": "gIB"}
+
+
+def test_role_nccl_plugin_writes_what_the_profiles_point_at():
+    # The folders, scripts and A3 High's checker file the rank containers are pointed at are the
+    # ones role nccl_plugin installs and writes.
+    role = yaml.safe_load(
+        (Path(__file__).resolve().parents[4] / "roles/nccl_plugin/vars/main.yml").read_text()
+    )
+    assert role["nccl_plugin_dirs"] == profiles.PLUGIN_DIRS
+    assert role["nccl_plugin_env_scripts"] == profiles.ENV_SCRIPTS
+    checker = profiles.GUEST_CONFIG_CHECKS_DISABLED["a3-highgpu-8g"]
+    assert role["nccl_plugin_guest_config_file"] == checker["file"]
+    assert role["nccl_plugin_guest_config_lines"] == checker["lines"]

@@ -412,16 +412,22 @@ def test_the_driver_against_the_images_pytorch_cuda():
 
 A3_MEGA = {
     "collective": "all_gather",
-    "threshold": 90,
+    "sizes": [2 << 30, 4 << 30, 8 << 30],
+    "rule": "average",
+    "threshold": 150,
+    "source": "chs-nccl",
     "published": 188.5,
     "size": 8 << 30,
     "gpus": 8,
-    "sweep_bytes": [256 << 20, 8 << 30],
+    "sweep_bytes": [2 << 30, 4 << 30, 8 << 30],
 }
 
 
 def smoke(busbw, collective="all_gather", size=8 << 30, backend="nccl"):
+    """The smoke result, the same busbw at each size of the sweep up to `size`."""
+    sweep = [s for s in A3_MEGA["sizes"] if s <= size] or [size]
     return {
+        "sizes": [{"bytes": s, "busbw_GBps": busbw} for s in sweep],
         "world_size": 16,
         "backend": backend,
         "collective": collective,
@@ -440,7 +446,11 @@ def test_the_profiles_network_in_use_passes_with_its_fraction_of_the_pass_mark()
     verdict = preflight.smoke_verdict(smoke(150.0), FASTRAK, "FasTrak", A3_MEGA, 8)
     assert verdict["findings"] == [] and verdict["warnings"] == []
     assert "NCCL network FasTrak" in verdict["line"]
-    assert "167% of the pass mark 90 GB/s, 80% of the published 188.5 GB/s" in verdict["line"]
+    assert (
+        "average busbw over 2, 4, 8 GiB 150.0 GB/s, 100% of the pass mark 150 GB/s"
+        in (verdict["line"])
+    )
+    assert "80% of the published 188.5 GB/s (peak, 8 GiB)" in verdict["line"]
 
 
 def test_plain_sockets_under_a_plugin_profile_fail():
@@ -455,7 +465,7 @@ def test_plain_sockets_under_a_plugin_profile_fail():
 def test_under_the_pass_mark_is_a_warning_and_other_shapes_get_no_fraction():
     low = preflight.smoke_verdict(smoke(60.0), FASTRAK, "FasTrak", A3_MEGA, 8)
     assert low["findings"] == []
-    assert "under the pass mark 90 GB/s" in low["warnings"][0]
+    assert "under the pass mark 150 GB/s" in low["warnings"][0]
     other = preflight.smoke_verdict(smoke(60.0), FASTRAK, "FasTrak", A3_MEGA, 4)
     assert other["warnings"] == [] and "no fraction" in other["line"]
     cpu = preflight.smoke_verdict(smoke(1.2, "all_reduce", 64_000_000, "gloo"), [], "Socket")
@@ -510,3 +520,24 @@ def test_gpu_nodes_outside_one_placement_policy_are_a_warning(placements, warned
         assert "not all in one placement policy" in found[0]
     socket = {h: dict(n, profile="socket") for h, n in nodes.items()}
     assert preflight.warnings(socket) == []
+
+
+def test_an_a4_node_with_llamafactorys_cuda_12_4_image_is_stopped_by_the_gpus_name():
+    # No public B200 capture: the A100's, its product name changed to the B200's (one element)
+    # and its driver's CUDA to 12.8, so that only the GPU's kind can stop it.
+    data, reports = case("healthy")
+    for host in ("vm0", "vm1"):
+        reports[host]["report"]["packages"] = {"llamafactory": "0.9.5", "torch": "2.6.0+cu124"}
+        reports[host]["gpu_health"] = gpu_health("a100-sxm4-80gb-535.54.03.xml")
+        reports[host]["gpu_health"]["cuda_version"] = "12.8"
+        reports[host]["gpu_health"]["gpus"][0]["name"] = "NVIDIA B200"
+    found = verdict(data, reports)
+    assert [f["id"] for f in found] == ["image-cuda-older-than-gpu"] * 2
+    assert found[0]["cause"] == (
+        "vm0: the GPUs are NVIDIA B200 (Blackwell), which CUDA 12.8 or later builds for; the "
+        "image is built for CUDA 12.4 and cannot run on them (torch 2.6.0+cu124)"
+    )
+    assert "docs/gpu-families.md" in found[0]["fix"]
+    for host in ("vm0", "vm1"):
+        reports[host]["report"]["packages"]["torch"] = "2.8.0+cu128"
+    assert verdict(data, reports) == []

@@ -983,7 +983,7 @@ def test_the_templated_defaults_of_either_platform_pass(local):
     # llamafactory_local_cluster arrive as their GCP or their local value, both valid.
     settings = good_settings(llamafactory_local_cluster=local)
     assert settings["llamafactory_ulimits"] == (
-        [] if local else ["memlock:-1:-1", "stack:67108864:67108864"]
+        [] if local else ["memlock:-1:-1", "stack:67108864:67108864", "nofile:1048576:1048576"]
     )
     assert settings["discover_network_gcp_metadata"] == ("always" if local else "auto")
     plan, problems = check({"llamafactory_local_cluster": local})

@@ -1,16 +1,17 @@
 #!/usr/bin/env bash
 # stand-in for the local cluster; not Google's.
 # Stands in for /scripts/container_entry.sh of
-# us-docker.pkg.dev/gce-ai-infra/gpudirect-gib/nccl-plugin-gib:v1.1.0, the installer of Google's
+# us-docker.pkg.dev/gce-ai-infra/gpudirect-gib/nccl-plugin-gib:v1.1.1, the installer of Google's
 # gIB NCCL plugin (RDMA over RoCE: A3 Ultra, A4). It writes the layout the real installer writes,
 # but every library and config is a small text file: nothing here can load into NCCL.
 #
 # Contract followed:
 # - The GKE installer (GoogleCloudPlatform/container-engine-accelerators@
-#   0c62442930784bafeeeb4f790e09bc7aa3235b21: gpudirect-rdma/nccl-rdma-installer.yaml) runs
-#   `/scripts/container_entry.sh install --install-nccl` and then copies /var/lib/gib/lib64 and
-#   /var/lib/gib: the installer writes /var/lib/gib/{lib64,scripts,configs}.
-# - The files the A3 Ultra recipe of that layout uses (GoogleCloudPlatform/cluster-toolkit@
+#   992db81257553607f1477945f1b3219632991829: gpudirect-rdma/nccl-rdma-installer.yaml lines
+#   58-76) runs `/scripts/container_entry.sh install` and then copies /var/lib/gib/lib64 and
+#   /var/lib/gib: the installer writes /var/lib/gib/{lib64,scripts,configs}; the workloads mount
+#   the copy at /usr/local/gib (gpudirect-rdma/nccl-test.yaml line 75).
+# - The files a recipe uses (GoogleCloudPlatform/cluster-toolkit@
 #   2123ba50d7a0ed5d82f7fbf95a818aaf92860b67: examples/machine-learning/a3-ultragpu-8g/nccl-tests/
 #   run-nccl-tests.sh): scripts/set_nccl_env.sh, configs/guest_config.txtpb,
 #   configs/tuner_config.txtpb, lib64 (libnccl-net.so; libnccl.so.2 with --install-nccl).
@@ -20,7 +21,7 @@
 # Differences, on purpose: an unknown subcommand or option exits 2 with the usage.
 set -eu
 
-VERSION="v1.1.0"
+VERSION="v1.1.1"
 IMAGE="us-docker.pkg.dev/gce-ai-infra/gpudirect-gib/nccl-plugin-gib:${VERSION}"
 ROOT="/var/lib/gib"
 

@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # stand-in for the local cluster; not Google's.
 # Stands in for /fts/entrypoint_rxdm_container.sh of
-# us-docker.pkg.dev/gce-ai-infra/gpudirect-tcpxo/tcpgpudmarxd-dev:v1.0.21, the GPUDirect-TCPXO
+# us-docker.pkg.dev/gce-ai-infra/gpudirect-tcpxo/tcpgpudmarxd-dev:v1.0.23, the GPUDirect-TCPXO
 # receive-datapath manager (RxDM). It moves no data: it checks its flags and the aperture devices,
 # reports ready with the real daemon's log line, and waits to be stopped.
 #
@@ -28,7 +28,7 @@
 # tell a wrong command line from missing devices (exit 1). It logs to stderr whatever the flags.
 set -u
 
-VERSION="v1.0.21"
+VERSION="v1.0.23"
 APERTURE_DEVICES="${APERTURE_DEVICES:-/dev/aperture_devices}"
 
 log() {  # log LEVEL MESSAGE...: a glog-style line on stderr

@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # stand-in for the local cluster; not Google's.
 # Stands in for /scripts/container_entry.sh of
-# us-docker.pkg.dev/gce-ai-infra/gpudirect-tcpxo/nccl-plugin-gpudirecttcpx-dev:v1.0.15, the
+# us-docker.pkg.dev/gce-ai-infra/gpudirect-tcpxo/nccl-plugin-gpudirecttcpx-dev:v1.0.17, the
 # GPUDirect-TCPXO NCCL plugin installer. It writes the same file names as the real installer,
 # but every library is a small text file: nothing here can load into NCCL.
 #
@@ -17,15 +17,17 @@
 #   textprotos (with _ll128/_nvlstree links), nccl-env-profile.sh (with -ll128/-nvlstree links),
 #   and libnccl.so* only with --install-nccl. libnccl-tcpxo.so is in the file list seen on a VM
 #   (the create-a3mega README quoted in the research notes).
-# - NCCL 2.28.7 goes with plugin v1.0.15 (GoogleCloudPlatform/container-engine-accelerators@
-#   0a2b482ede2c659a85c7a1a1345e09ea709d10d0: gpudirect-tcpxo/README.md, release of Jan 9, 2026).
+# - Plugin v1.0.17 goes with RxDM v1.0.23 (GoogleCloudPlatform/slurm-gcp@
+#   13fd92b615c030b9ba62e4a87d610bcc7af72b75: tools/prologs-epilogs/receive-data-path-manager-mega
+#   lines 31-32), qualified with NCCL 2.28.7-1 (google/nccl-plugin-gpudirect-tcpxo@
+#   04815d1bb89971577c7330f9873b70644b3a5934, the v1.0.17 release commit).
 # Differences, on purpose: the real script prints its help and exits 0 on an unknown subcommand
 # and ignores unknown options; this one exits 2 on both, so that a wrong command line fails in
 # tests. Only `install` is offered (the real one also has shell, daemon and debug-info), and the
 # installer writes no version marker of its own (nor does the real one).
 set -eu
 
-VERSION="v1.0.15"
+VERSION="v1.0.17"
 NCCL_VERSION="2.28.7"
 IMAGE="us-docker.pkg.dev/gce-ai-infra/gpudirect-tcpxo/nccl-plugin-gpudirecttcpx-dev:${VERSION}"
 TARGETS="/var/lib/tcpxo/lib64 /var/lib/fastrak/lib64"

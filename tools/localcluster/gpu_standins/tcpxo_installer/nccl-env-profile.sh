@@ -1,7 +1,7 @@
 # shellcheck shell=bash
 # stand-in for the local cluster; not Google's.
 # Stands in for nccl-env-profile.sh of the GPUDirect-TCPXO plugin installer
-# (us-docker.pkg.dev/gce-ai-infra/gpudirect-tcpxo/nccl-plugin-gpudirecttcpx-dev:v1.0.15), which
+# (us-docker.pkg.dev/gce-ai-infra/gpudirect-tcpxo/nccl-plugin-gpudirecttcpx-dev:v1.0.17), which
 # its `install` subcommand writes to /var/lib/tcpxo/lib64. Every variable and value below is the
 # one the published profile sets:
 #   google/nccl-plugin-gpudirect-tcpxo@8f816be3b74e94cbbeb75db2762431ec09370ac1:
