@@ -26,7 +26,7 @@ def header_steps(text: str) -> list[tuple[str, str]]:
 
 def test_every_step_of_the_header_is_one_play_in_order():
     steps = header_steps(TRAIN.read_text())
-    assert [name for name, _ in steps] == [
+    assert [step[0] for step in steps] == [
         "validate",
         "discover",
         "firewall",
