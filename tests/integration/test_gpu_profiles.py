@@ -307,14 +307,10 @@ def test_gib_pair_opens_its_control_vpcs_only_installs_the_plugin_and_passes_the
             assert "NCCL_IB_DISABLE" not in env_file
             devices = [d["PathOnHost"] for d in inspected["HostConfig"]["Devices"] or []]
             assert devices == ["/dev/infiniband"]
-            # The installer's folder where set_nccl_env.sh names its files: /usr/local/gib.
-            mounts = {m["Destination"]: m for m in inspected["Mounts"]}
-            assert mounts["/usr/local/gib"]["Source"] == "/var/lib/gib"
-            assert not mounts["/usr/local/gib"]["RW"]
             assert environ["NCCL_IB_GID_INDEX"] == "3"  # set_nccl_env.sh's
             assert environ["NCCL_NET"] == "gIB"
-            assert environ["LD_LIBRARY_PATH"].startswith("/usr/local/gib/lib64:")
-            # What the script and the library path name is there, in the rank's container.
+            # What the plugin's script names (its files under /usr/local/gib, as Google's) and
+            # the library path are there, in the rank's container.
             library = environ["LD_LIBRARY_PATH"].split(":")[0] + "/libnccl-net.so"
             named = [
                 environ["NCCL_TUNER_CONFIG_PATH"],
@@ -324,6 +320,11 @@ def test_gib_pair_opens_its_control_vpcs_only_installs_the_plugin_and_passes_the
             for path in named:
                 found = vm.sh(f"docker exec llamafactory-gpu-gib test -f {path}", check=False)
                 assert found.returncode == 0, f"{path} is not in {vm.name}'s rank container"
+            # The installer's folder where set_nccl_env.sh names its files: /usr/local/gib.
+            assert environ["LD_LIBRARY_PATH"].startswith("/usr/local/gib/lib64:")
+            mounts = {m["Destination"]: m for m in inspected["Mounts"]}
+            assert mounts["/usr/local/gib"]["Source"] == "/var/lib/gib"
+            assert not mounts["/usr/local/gib"]["RW"]
     finally:
         # cleanup.yml: the job's ranks, then (no job left) its rules, the hand-made one kept.
         cleaned = gpu_jobs.run("gib", tmp_path / "cleanup", CLEANUP, llamafactory_job="gpu-gib")
