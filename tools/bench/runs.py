@@ -1191,6 +1191,12 @@ class Revision:
                 capture_output=True,
                 check=True,
             )
+        # The job's generated assets (the tiny model and dataset the config names relative to
+        # itself), which git does not hold: this checkout's.
+        assets = self.tree / ".cache" / "assets"
+        if (ROOT / ".cache" / "assets").is_dir() and not assets.exists():
+            assets.parent.mkdir(parents=True, exist_ok=True)
+            assets.symlink_to(ROOT / ".cache" / "assets")
         self.collections = work / f"collections-{self.label}"
         link = self.collections / "ansible_collections" / "hostnet" / "llamafactory"
         link.parent.mkdir(parents=True, exist_ok=True)

@@ -308,6 +308,10 @@ def test_a_revision_is_a_worktree_on_a_collections_path_of_its_own(tmp_path):
         assert first == str(revision.collections)
         assert rest == str(runs.ROOT / ".cache" / "collections")  # the other collections
         assert runs.Revision("HEAD", tmp_path).tree == revision.tree  # made once
+        if (runs.ROOT / ".cache" / "assets").is_dir():  # the job's generated model and data
+            assert (revision.tree / ".cache" / "assets").resolve() == (
+                runs.ROOT / ".cache" / "assets"
+            ).resolve()
     finally:
         revision.remove()
     assert not revision.tree.exists() and not revision.collections.exists()
