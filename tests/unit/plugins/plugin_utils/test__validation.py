@@ -1198,3 +1198,10 @@ def test_the_names_the_collections_tasks_set_are_read_from_its_task_files(tmp_pa
         "- hosts: all\n  tasks:\n    - set_fact: {p_c: 1}\n"
     )
     assert v.task_set_names(str(roles)) == {"r_a", "r_b", "p_c"}
+
+
+def test_the_fast_yaml_loader_reads_every_spec_and_task_file_as_pyyaml_does():
+    paths = [*ROOT.glob("roles/*/meta/argument_specs.yml"), *ROOT.glob("roles/*/tasks/*.yml")]
+    assert len(paths) > 40
+    for path in paths:
+        assert v.read_yaml(str(path)) == yaml.safe_load(path.read_text()), path
