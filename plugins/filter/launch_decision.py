@@ -39,6 +39,13 @@ options:
   job:
     description: The job's name, for messages.
     type: str
+  durable:
+    description: The checkpoint steps complete in the bucket of C(llamafactory_output_uri)
+      (M(hostnet.llamafactory.gcs_outputs)'s RV(complete)); null without an output URI. The job
+      resumes from the newest of them when no newer checkpoint is on every node, and a node
+      that holds no checkpoint while another does is refused without them.
+    type: list
+    elements: int
 """
 
 EXAMPLES = r"""
@@ -50,14 +57,17 @@ EXAMPLES = r"""
 RETURN = r"""
 _value:
   description: action (keep, launch, refuse), why, stop_first (hosts), resume (a checkpoint
-    step or null), fresh (start over although some ranks hold checkpoints), state (for keep).
+    step or null), fresh (start over although some ranks hold checkpoints), restore (the hosts
+    that download their part of the resume checkpoint from the bucket), state (for keep).
   type: dict
 """
 
 from ansible_collections.hostnet.llamafactory.plugins.plugin_utils._job_state import decide_launch
 
 
-def launch_decision(reports, *, digest=None, restart_allowed=False, job="", ranks=None):
+def launch_decision(
+    reports, *, digest=None, restart_allowed=False, job="", ranks=None, durable=None
+):
     return decide_launch(
         reports,
         digest,
@@ -65,6 +75,7 @@ def launch_decision(reports, *, digest=None, restart_allowed=False, job="", rank
         job=job,
         restart_var="launch_restart_on_change",
         ranks=ranks,
+        durable=durable,
     )
 
 

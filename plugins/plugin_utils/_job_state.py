@@ -42,7 +42,9 @@ def _succeeded(report):
     return container.get("state") == "exited" and container.get("exit_code") == 0
 
 
-def decide_launch(reports, digest=None, restart_allowed=False, job="", restart_var="", ranks=None):
+def decide_launch(
+    reports, digest=None, restart_allowed=False, job="", restart_var="", ranks=None, durable=None
+):
     """What the launch must do, from every rank's report before it:
     keep (the same job is running or finished), launch (nothing there, or it failed or was
     stopped; resume from the newest checkpoint all ranks hold) or refuse (a different config is
@@ -50,14 +52,24 @@ def decide_launch(reports, digest=None, restart_allowed=False, job="", restart_v
     `reports` maps host -> job_status's report {container, checkpoints, labels_match}:
     labels_match says whether the container carries the digest this run wants for that rank
     (it differs per rank); a report without it is compared with its own `wanted`, else with
-    `digest`. `ranks` (host -> rank) orders the hosts where the reports carry no rank."""
+    `digest`. `ranks` (host -> rank) orders the hosts where the reports carry no rank.
+    `durable`: the steps complete in the output URI's bucket (None without one); the job then
+    resumes from the newest of those and the local common ones, and `restore` lists the hosts
+    that must download their part first. Without it, a node that holds no checkpoint while
+    another does (its disk was lost) is refused rather than started over."""
     ranks = ranks or {}
     hosts = sorted(reports, key=lambda h: reports[h].get("rank", ranks.get(h, 0)))
     running = [h for h in hosts if _state(reports[h]) in ("running", "restarting", "paused")]
     alive = [h for h in hosts if _state(reports[h]) != "missing"]
     same = [h for h in alive if _same_job(reports[h], digest)]
     healthy = [h for h in hosts if h in running or _succeeded(reports[h])]
-    result = {"action": "launch", "stop_first": running, "resume": None, "fresh": False}
+    result = {
+        "action": "launch",
+        "stop_first": running,
+        "resume": None,
+        "fresh": False,
+        "restore": [],
+    }
     if hosts and len(same) == len(hosts) and len(healthy) == len(hosts):
         state = "running" if running else "finished"
         result.update(action="keep", stop_first=[], why="job %s is already %s" % (job, state))
@@ -80,6 +92,39 @@ def decide_launch(reports, digest=None, restart_allowed=False, job="", restart_v
         )
         return result
     resume = common_checkpoint([reports[h] for h in hosts])
+    holding = dict((h, reports[h].get("checkpoints") or []) for h in hosts)
+    bucket = max(durable) if durable else None
+    if bucket is not None and (resume is None or bucket > resume):
+        resume = bucket
+        result["restore"] = [h for h in hosts if bucket not in holding[h]]
+    elif any(holding.values()):
+        empty = [h for h in hosts if not holding[h]]
+        if empty:
+            newest = max(max(c) for c in holding.values() if c)
+            keeper = [h for h in hosts if newest in holding[h]]
+            result.update(
+                action="refuse",
+                stop_first=[],
+                why="job %s: %s hold%s no checkpoint while %s hold%s checkpoint-%d (a disk lost, "
+                "replaced or wiped?): a launch would start over and lose %d steps. Nothing was "
+                "changed. %s; to start over anyway, remove the job's outputs with "
+                "playbooks/cleanup.yml (job_admin_cleanup_outputs=true)"
+                % (
+                    job,
+                    ", ".join(empty),
+                    "s" if len(empty) == 1 else "",
+                    ", ".join(keeper),
+                    "s" if len(keeper) == 1 else "",
+                    newest,
+                    newest,
+                    "llamafactory_output_uri (gs://BUCKET/PREFIX) keeps every checkpoint in a "
+                    "bucket and restores a node's part"
+                    if durable is None
+                    else "no checkpoint of the job is complete in llamafactory_output_uri's "
+                    "bucket to restore from",
+                ),
+            )
+            return result
     result["resume"] = resume
     # Checkpoints on some ranks but none common: start over rather than let each rank resume
     # from a different step.
@@ -95,6 +140,8 @@ def decide_launch(reports, digest=None, restart_allowed=False, job="", restart_v
         )
     if resume is not None:
         result["why"] += ", resuming from checkpoint-%d" % resume
+    if result["restore"]:
+        result["why"] += " (from the bucket on %s)" % ", ".join(result["restore"])
     return result
 
 

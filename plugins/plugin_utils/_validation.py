@@ -124,6 +124,7 @@ RULES = {
     "llamafactory_local_cluster": dict(same=True),
     "llamafactory_jobs_root": dict(check=checks.node_path, same=True),
     "llamafactory_hf_cache": dict(check=checks.node_path),
+    "llamafactory_output_uri": dict(check=checks.output_uri, same=True),
     "llamafactory_shared_mounts": dict(check=checks.shared_mounts),
     "llamafactory_env": dict(check=checks.env),
     "llamafactory_train_overrides": dict(check=checks.overrides),

@@ -108,6 +108,7 @@ def identity(values, settings, purpose):
         "jobs_root": jobs_root,
         "job_dir": job_dir,
         "output_dir": "%s/output" % job_dir,
+        "output_uri": values["llamafactory_output_uri"] or "",
         "container": "llamafactory-%s" % job if job else "",
     }
     return plan, problems

@@ -96,14 +96,18 @@ def _registry_credentials(values):
 
 
 def _vm_deletion(values, purpose):
-    """A deleted VM's disk goes with it: delete only what is also somewhere else."""
+    """A deleted VM's disk goes with it: delete only what is also somewhere else - in the
+    bucket (llamafactory_output_uri) or, for the model, on the controller."""
     found = []
-    if purpose in ("train", "admin") and not values["launch_fetch_model_max_mb"]:
+    durable = values["llamafactory_output_uri"] or values["launch_fetch_model_max_mb"]
+    if purpose in ("train", "admin") and not durable:
         for name in ("gcp_instances_when_done", "gcp_instances_when_failed"):
             if values[name] == "delete":
                 found.append(
-                    "%s is delete but launch_fetch_model_max_mb is 0: the VMs' disks would go "
-                    "with the only copy of the trained model and its checkpoints. Let the model "
+                    "%s is delete but llamafactory_output_uri is empty and "
+                    "launch_fetch_model_max_mb is 0: the VMs' disks would go with the only copy "
+                    "of the trained model and its checkpoints. Set llamafactory_output_uri "
+                    "(gs://BUCKET/PREFIX: every checkpoint and the model go there), let the model "
                     "come to the controller (launch_fetch_model_max_mb, default 2048), or set %s "
                     "to stop (the disks stay, no GPU is billed) or keep." % (name, name)
                 )

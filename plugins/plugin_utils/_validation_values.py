@@ -17,6 +17,7 @@ __metaclass__ = type
 import ipaddress
 import re
 
+from ansible_collections.hostnet.llamafactory.plugins.module_utils import _gcs_outputs
 from ansible_collections.hostnet.llamafactory.plugins.plugin_utils._address_kind import (
     address_kind,
 )
@@ -281,6 +282,17 @@ def gcp_project(label, value):
             "hyphens, starting with a letter; the ID, not the project's name or number)"
             % (label, value)
         ]
+    return []
+
+
+def output_uri(label, value):
+    """gs://BUCKET[/PREFIX] with a valid bucket name (the nodes write the job's outputs there)."""
+    if not value:
+        return []
+    try:
+        _gcs_outputs.parse_uri(value)
+    except ValueError as exc:
+        return ["%s: %s. Example: gs://my-bucket/llamafactory" % (label, exc)]
     return []
 
 

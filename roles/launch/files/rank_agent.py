@@ -28,7 +28,8 @@ memory, a lost or unreachable node: only the controller can start a VM, a stop o
 same failure at the same step twice). A rank that merely errored (exit 1) after another was
 killed is its consequence, not a cause. Then every agent announces the attempt it is ready for
 with the complete checkpoints it holds, waits until every other agent announced it too, and
-relaunches from the newest checkpoint all of them hold. Anything else ends the job: the agent
+relaunches from the newest checkpoint all of them hold - unless a node holds no checkpoint while
+another does (its disk lost): the controller restores or names it. Anything else ends the job: the agent
 exits with its training's code (128 + N for a signal N, as a shell reports it), or
 EXIT_PEER_LOST when it stopped its training because of another rank.
 
@@ -222,6 +223,14 @@ def complete_checkpoints(output_dir):
             continue
         steps.append(step)
     return sorted(steps)
+
+
+def missing_checkpoint(mine, theirs):
+    """Whether a node holds no checkpoint while another does: starting over would lose the
+    training so far, so the agents leave the restart to the controller (which restores the
+    node's part from the bucket, or names the node)."""
+    held = [list(c) for c in [mine, *theirs]]
+    return any(held) and not all(held)
 
 
 def last_step(output_dir):
@@ -636,6 +645,13 @@ class Agent:
         theirs = self.barrier(attempt + 1, deadline)
         if theirs is None:
             log(f"rank {settings['rank']}: not restarted: another rank did not join the restart")
+            return None
+        if missing_checkpoint(mine, theirs):
+            log(
+                f"rank {settings['rank']}: not restarted on the nodes: a node holds no checkpoint "
+                "while another does (its disk lost or wiped?): the controller restores it from "
+                "llamafactory_output_uri, or names it"
+            )
             return None
         common = set(mine).intersection(*[set(c) for c in theirs])
         resume = max(common) if common else None

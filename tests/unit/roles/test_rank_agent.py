@@ -6,6 +6,7 @@ LLaMA-Factory ranks (test_launch.py)."""
 import importlib.util
 import json
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -424,6 +425,22 @@ def test_a_killed_rank_restarts_the_job_on_the_nodes_from_the_common_checkpoint(
     assert [(r["attempt"], r["step"], r["resume"], r["lost"]) for r in state["restarts"]] == [
         (1, 5, 2, 3)
     ]
+
+
+def test_a_node_without_its_checkpoints_leaves_the_restart_to_the_controller(job, tmp_path):
+    """Rank 1's node lost its disk (its checkpoints wiped) before its rank was killed: starting
+    over would lose the training, so neither agent restarts; the controller restores or names."""
+    j, outputs = restartable(job, tmp_path, max_restarts=2)
+    shutil.rmtree(outputs[1] / "checkpoint-2")
+    code, err = j.wait(1, timeout=60)
+    assert code == 137, err
+    assert "not restarted on the nodes: a node holds no checkpoint while another does" in err
+    assert j.wait(0, timeout=30)[0] == rank_agent.EXIT_PEER_LOST
+    assert not (tmp_path / "marker1.args").exists()
+    assert rank_agent.missing_checkpoint([], [[2, 4]]) and not rank_agent.missing_checkpoint(
+        [], [[]]
+    )
+    assert not rank_agent.missing_checkpoint([2], [[4]])
 
 
 def test_the_same_kill_at_the_same_step_twice_ends_the_job(job, tmp_path):

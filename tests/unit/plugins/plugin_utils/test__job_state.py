@@ -25,12 +25,13 @@ CKPT0 = node.complete_checkpoints(listing(0))
 CKPT1 = node.complete_checkpoints(listing(1))
 
 
-def decide(reports, restart_allowed=False):
+def decide(reports, restart_allowed=False, durable=None):
     return job.decide_launch(
         reports,
         restart_allowed=restart_allowed,
         job="capture",
         restart_var="launch_restart_on_change",
+        durable=durable,
     )
 
 
@@ -141,16 +142,43 @@ def test_the_newest_common_checkpoint_is_resumed():
     assert (result["action"], result["stop_first"], result["resume"]) == ("launch", [], 8)
 
 
-def test_checkpoints_on_one_rank_only_start_fresh():
+def test_checkpoints_on_no_common_step_start_fresh():
+    reports = {
+        "vm0": report("exited-1", 0, checkpoints=[4]),
+        "vm1": report("killed-137", 1, checkpoints=[6]),
+    }
+    result = decide(reports)
+    assert (result["action"], result["resume"], result["fresh"]) == ("launch", None, True)
+    assert "resuming" not in result["why"]
+
+
+def test_a_node_without_any_checkpoint_is_named_instead_of_starting_over():
     reports = {
         "vm0": report("exited-1", 0, checkpoints=CKPT0),
         "vm1": report("killed-137", 1, checkpoints=[]),
     }
     result = decide(reports)
-    assert result["action"] == "launch"
-    assert result["resume"] is None
-    assert result["fresh"] is True
-    assert "resuming" not in result["why"]
+    assert result["action"] == "refuse"
+    assert f"vm1 holds no checkpoint while vm0 holds checkpoint-{max(CKPT0)}" in result["why"]
+    assert "llamafactory_output_uri" in result["why"] and "cleanup.yml" in result["why"]
+    # With an output URI whose bucket holds nothing of the job, the same, saying so.
+    empty_bucket = decide(reports, durable=[])
+    assert empty_bucket["action"] == "refuse"
+    assert "no checkpoint of the job is complete" in empty_bucket["why"]
+
+
+def test_the_bucket_checkpoint_is_resumed_and_restored_where_missing():
+    reports = {
+        "vm0": report("exited-1", 0, checkpoints=[4, 8]),
+        "vm1": report("killed-137", 1, checkpoints=[]),
+    }
+    result = decide(reports, durable=[4, 8])
+    assert (result["action"], result["resume"], result["restore"]) == ("launch", 8, ["vm1"])
+    assert result["why"].endswith("resuming from checkpoint-8 (from the bucket on vm1)")
+    # A newer checkpoint on every node wins over the bucket's; nothing is downloaded.
+    both = {h: dict(r, checkpoints=[4, 8, 12]) for h, r in reports.items()}
+    newer = decide(both, durable=[8])
+    assert (newer["resume"], newer["restore"]) == (12, [])
 
 
 def test_labels_match_is_per_host_and_digest_the_fallback():
