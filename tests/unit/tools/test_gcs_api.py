@@ -238,3 +238,26 @@ def test_the_contract_check_catches_deviations():
     assert storage_contract.validate_log([entry]) != []  # GCS leaves an empty list out
     entry["status"], entry["response"] = 404, None
     assert storage_contract.validate_log([entry]) != []  # an error without Google's shape
+
+
+def test_ranged_downloads_answer_206_with_gcs_headers(box):
+    data = bytes(range(200))
+    blob = box.client().bucket(BUCKET).blob("r/a b.bin")  # a name that needs encoding
+    blob.upload_from_string(data)
+    token = blob.client._credentials.token
+    url = f"https://storage.googleapis.com/download/storage/v1/b/{BUCKET}/o/r%2Fa%20b.bin"
+    session = box.session(token)
+    for header, status, body in (
+        ("bytes=10-19", 206, data[10:20]),
+        ("bytes=190-", 206, data[190:]),
+        ("bytes=-5", 206, data[-5:]),
+        (None, 200, data),
+    ):
+        headers = {"Range": header} if header else {}
+        answer = session.get(url, params={"alt": "media"}, headers=headers, timeout=10)
+        assert (answer.status_code, answer.content) == (status, body), header
+        assert answer.headers["X-Goog-Hash"] == f"crc32c={crc32c_b64(data)},md5={md5_b64(data)}"
+        assert answer.headers["X-Goog-Stored-Content-Length"] == "200"
+    answer = session.get(url, params={"alt": "media"}, headers={"Range": "bytes=300-"}, timeout=10)
+    assert answer.status_code == 416
+    assert answer.json()["error"]["code"] == 416
