@@ -105,12 +105,13 @@ ERROR_SCHEMA = {
 }
 
 
-def document_path():
-    """compute.v1.json inside the installed google-api-python-client (not imported)."""
+def document_path(document=DOCUMENT):
+    """A discovery document (compute.v1.json by default) inside the installed
+    google-api-python-client (not imported)."""
     spec = importlib.util.find_spec("googleapiclient")
     if spec is None or not spec.submodule_search_locations:
         raise RuntimeError("google-api-python-client is not installed: run ./dev setup")
-    return Path(next(iter(spec.submodule_search_locations))) / DOCUMENT
+    return Path(next(iter(spec.submodule_search_locations))) / document
 
 
 class Method:
@@ -134,7 +135,10 @@ class Method:
 
 
 class Contract:
-    """The Compute Engine v1 discovery document, as checks of requests and responses."""
+    """The Compute Engine v1 discovery document, as checks of requests and responses (another
+    API's document with its own `roots`: storage_contract.py)."""
+
+    roots = API_ROOTS
 
     def __init__(self, document):
         self.document = document
@@ -158,11 +162,11 @@ class Contract:
     def match(self, http_method, url):
         """(Method, path parameters) for a method and a full URL; (None, reason) when none."""
         relative = None
-        for root in API_ROOTS:
+        for root in self.roots:
             if url.startswith(root + self.service_path):
                 relative = urlsplit(url).path[len(urlsplit(root).path + self.service_path) :]
         if relative is None:
-            return None, f"not under {' or '.join(r + self.service_path for r in API_ROOTS)}"
+            return None, f"not under {' or '.join(r + self.service_path for r in self.roots)}"
         found = [(m, m.regex.fullmatch(relative)) for m in self.methods]
         found = [(m, match) for m, match in found if match]
         if not found:
@@ -394,13 +398,14 @@ OAUTH2_API_HOST = "oauth2.googleapis.com"
 def validate_log(entries):
     """Problems with the exchanges a fake recorded (compute_api.py's log entries: method, host,
     path, query, body, status, response). A request the contract does not allow passes only
-    where it was answered with an error; entries the proxy refused are not API traffic, and the
+    where it was answered with an error; entries the proxy refused or relayed (to the Cloud
+    Storage front, whose own log its tests check) are not API traffic, and the
     OAuth2 token endpoint's (oauth2.googleapis.com) are not Compute Engine's (its own tests check
     them against Google's OAuth2 service-account flow)."""
     api = contract()
     problems = []
     for number, entry in enumerate(entries):
-        if entry.get("refused") or entry.get("host") == OAUTH2_API_HOST:
+        if entry.get("refused") or entry.get("relayed") or entry.get("host") == OAUTH2_API_HOST:
             continue
         url = f"https://{entry['host']}{entry['path']}"
         label = f"request {number} ({entry['method']} {entry['path']} -> {entry['status']})"

@@ -3,19 +3,25 @@ reaches compute.googleapis.com: through the box's proxy, trusting its CA, with t
 OAuth2 endpoint for the service-account key it wrote. For the tests and the benchmarks, which
 act behind the collection's back (stop a VM, widen or delete a rule) and read what the API
 holds. Box(state["gce"]); an answer other than 200, or an operation that fails or outlasts its
-deadline, raises ClusterError."""
+deadline, raises ClusterError.
+
+Storage(state["gcs"]) does the same for the box's Cloud Storage (gcs_service.py): objects under
+a prefix with their size and checksums, an object's bytes (google-cloud-storage, as a client on
+GCP), and the control API (buckets, denials, the request log)."""
 
 from __future__ import annotations
 
 import time
 
 import google.auth.transport.requests
+import google.cloud.storage
 import google.oauth2.service_account
 import requests
 
 from .util import ClusterError
 
 SCOPES = ["https://www.googleapis.com/auth/compute"]
+STORAGE_SCOPES = ["https://www.googleapis.com/auth/devstorage.full_control"]
 API = "https://compute.googleapis.com/compute/v1/projects"
 # Fields the API sets on a rule; an insert leaves them out.
 OUTPUT_ONLY = ("id", "kind", "selfLink", "creationTimestamp")
@@ -101,3 +107,77 @@ class Box:
 
     def delete_rule(self, name: str) -> None:
         self.done(self.call("DELETE", f"{self.rules_url}/{name}"))
+
+
+class Storage:
+    """The box's Cloud Storage, through the box's proxy with the service-account key's tokens."""
+
+    def __init__(self, gcs: dict):
+        credentials = google.oauth2.service_account.Credentials.from_service_account_file(
+            gcs["service_account_file"], scopes=STORAGE_SCOPES
+        )
+        gce = {"proxy": gcs["env"]["HTTPS_PROXY"], "ca": gcs["ca"]}
+        session = google.auth.transport.requests.AuthorizedSession(
+            credentials,
+            auth_request=google.auth.transport.requests.Request(
+                Box._configure(requests.Session(), gce)
+            ),
+        )
+        Box._configure(session, gce)
+        self.client = google.cloud.storage.Client(
+            project=gcs["project"], credentials=credentials, _http=session
+        )
+        self.bucket = gcs["bucket"]
+        self.control_url = gcs["control"]
+        self.control_session = requests.Session()
+        self.control_session.trust_env = False  # loopback, never a proxy
+
+    def close(self) -> None:
+        self.client.close()
+        self.control_session.close()
+
+    def objects(self, prefix: str = "", bucket: str | None = None) -> dict[str, dict]:
+        """name -> {"size" (int), "crc32c", "md5"} (base64, as GCS gives them) under a prefix."""
+        return {
+            blob.name: {"size": blob.size, "crc32c": blob.crc32c, "md5": blob.md5_hash}
+            for blob in self.client.list_blobs(bucket or self.bucket, prefix=prefix)
+        }
+
+    def read(self, name: str, bucket: str | None = None) -> bytes:
+        """An object's bytes (checked against its crc32c by the client)."""
+        return self.client.bucket(bucket or self.bucket).blob(name).download_as_bytes()
+
+    # -- the control API ------------------------------------------------------------------------
+
+    def control(self, method: str, path: str, body: dict | None = None):
+        answer = self.control_session.request(
+            method, f"{self.control_url}/{path}", json=body, timeout=30
+        )
+        if answer.status_code != 200:
+            raise ClusterError(f"{method} {path}: {answer.status_code} {answer.text}")
+        return answer.json()
+
+    def create_bucket(self, name: str) -> dict:
+        return self.control("POST", "buckets", {"name": name})
+
+    def delete_bucket(self, name: str) -> None:
+        self.control("DELETE", f"buckets/{name}")
+
+    def deny(self, identity: str, permission: str, bucket: str | None = None) -> None:
+        """Deny `identity` ("*": anyone) `permission` (storage.objects.create...) on a bucket
+        (None: the cluster's; "*": every one) until allow_all."""
+        body = {"identity": identity, "permission": permission, "bucket": bucket or self.bucket}
+        self.control("POST", "deny", body)
+
+    def allow_all(self) -> None:
+        self.control("DELETE", "deny")
+
+    def requests(self) -> list[dict]:
+        """The log since the last clear_requests (gcs_api.py's entries)."""
+        return self.control("GET", "requests")
+
+    def history(self) -> list[dict]:
+        return self.control("GET", "history")
+
+    def clear_requests(self) -> None:
+        self.control("DELETE", "requests")

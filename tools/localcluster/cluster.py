@@ -6,6 +6,13 @@ name and the default route; the controller reaches it over a separate "external"
 "external IP"). Both NICs are filtered by the definition's VPC firewall rules with GCE's
 semantics (gce_firewall.py): by default a fresh project's, which let SSH and ICMP in from
 anywhere and everything in from the VPC.
+
+The box's services run beside the VMs: the fake Compute Engine API (compute_service.py) and
+Cloud Storage (gcs_service.py), whose storage.googleapis.com the VMs reach at the host's address
+on their VPC network (their /etc/hosts), trusting the box's CA (in their system trust store).
+Each VM gets the box's wheelhouse (images.ensure_wheelhouse: google-cloud-storage and its
+dependencies) mounted read-only at WHEELHOUSE and an /etc/pip.conf that installs from it
+offline, as the VMs here cannot reach PyPI; a VM on GCP reaches PyPI and needs neither.
 """
 
 from __future__ import annotations
@@ -25,7 +32,7 @@ import docker
 import docker.errors
 import yaml
 
-from . import compute_service, gce_firewall, gce_metadata, images
+from . import compute_service, gce_firewall, gce_metadata, gcs_service, images
 from .spec import VM, ClusterSpec, machine_nics, repo_root, to_raw
 from .util import ClusterError, log, pipe, run, wait_until
 
@@ -48,6 +55,8 @@ NEIGH_SYSCTL = Path("/proc/sys/net/ipv4/neigh/default")
 NEIGH_STATS = Path("/proc/net/stat/arp_cache")
 NEIGH_PER_PEER = 2
 NEIGH_SPARE = 16
+WHEELHOUSE = "/var/cache/hlf-wheelhouse"
+BOX_CA = "/usr/local/share/ca-certificates/hostnet-box.crt"
 
 
 def cache_dir() -> Path:
@@ -131,7 +140,7 @@ def up(spec: ClusterSpec) -> dict:
         same = all(c.labels.get(SPEC_LABEL) == wanted and c.status == "running" for c in vms)
         if same and len(vms) == len(spec.vms) and (state_dir(spec) / "state.json").exists():
             log(f"cluster {spec.name}: already up as defined")
-            state = compute_service.start(state_dir(spec))  # the fake Compute Engine API
+            state = start_services(spec)
             _check_ssh(state)
             write_inventory(spec, state)
             return state
@@ -141,6 +150,7 @@ def up(spec: ClusterSpec) -> dict:
     for platform in sorted({vm.platform for vm in spec.vms}):
         images.ensure_vm_image(docker_client, images.PLATFORMS[platform], cache_dir())
     probe = images.ensure_probe_image(docker_client, cache_dir())
+    wheelhouse = images.ensure_wheelhouse(cache_dir())
 
     directory = state_dir(spec)
     directory.mkdir(parents=True, exist_ok=True)
@@ -161,12 +171,13 @@ def up(spec: ClusterSpec) -> dict:
             ]
         )
     public_key = key.with_suffix(".pub").read_text().strip()
+    gcs_service.metadata_key(directory)
 
     ensure_inotify(len(spec.vms))
     ensure_neighbours(len(spec.vms))
     try:
         _create_networks(docker_client, spec)
-        containers = [_create_vm(docker_client, spec, vm, wanted) for vm in spec.vms]
+        containers = [_create_vm(docker_client, spec, vm, wanted, wheelhouse) for vm in spec.vms]
         for container in containers:
             container.start()
         log(f"cluster {spec.name}: {len(containers)} VMs started, configuring")
@@ -199,12 +210,62 @@ def up(spec: ClusterSpec) -> dict:
     write_known_hosts(directory, nodes)
     _check_ssh(state)
     (directory / "state.json").write_text(json.dumps(state, indent=2) + "\n")
-    state = compute_service.start(directory)  # the fake Compute Engine API, as a service
+    try:
+        state = start_services(spec)
+    except BaseException:
+        log(f"cluster {spec.name}: its services failed, tearing down what was created")
+        down(spec, quiet=True)
+        raise
     write_inventory(spec, state)
     log(
         f"cluster {spec.name}: up in {time.monotonic() - started:.1f} s; inventory {spec.inventory}"
     )
     return state
+
+
+def start_services(spec: ClusterSpec) -> dict:
+    """The box's services for the cluster (kept where they run): the fake Compute Engine API,
+    then Cloud Storage on loopback and the host's VPC address; every VM trusts the box's CA and
+    installs Python packages from the wheelhouse. Returns the state."""
+    directory = state_dir(spec)
+    state = compute_service.start(directory)
+    state = gcs_service.start(directory, [spec.networks["vpc"].gateway])
+    ca = Path(state["gce"]["ca"]).read_text()
+    nodes = state["nodes"]
+    with ThreadPoolExecutor(max_workers=max(1, min(8, len(nodes)))) as pool:
+        list(pool.map(lambda node: _trust_box(node["container"], ca), nodes))
+    return state
+
+
+# The box's CA in the VM's trust store (update-ca-certificates only when it changed), and pip
+# pointed at the wheelhouse where it is mounted.
+TRUST_SCRIPT = f"""
+install -d /usr/local/share/ca-certificates
+printf '%s\\n' "$BOX_CA_PEM" > {BOX_CA}.new
+if cmp -s {BOX_CA}.new {BOX_CA} && grep -q . /etc/ssl/certs/hostnet-box.pem 2>/dev/null; then
+  rm -f {BOX_CA}.new
+else
+  mv {BOX_CA}.new {BOX_CA}; update-ca-certificates >/dev/null 2>&1
+fi
+if [ -d {WHEELHOUSE} ]; then
+  printf '[global]\\nno-index = true\\nfind-links = {WHEELHOUSE}\\n' > /etc/pip.conf
+fi
+"""
+
+
+def _trust_box(container: str, ca_pem: str) -> None:
+    run(
+        [
+            "docker",
+            "exec",
+            "-e",
+            f"BOX_CA_PEM={ca_pem.strip()}",
+            container,
+            "sh",
+            "-ec",
+            TRUST_SCRIPT,
+        ]
+    )
 
 
 def inotify_in_use() -> int:
@@ -301,7 +362,9 @@ def _create_networks(docker_client, spec: ClusterSpec) -> None:
         )
 
 
-def _create_vm(docker_client, spec: ClusterSpec, vm: VM, wanted: str):
+def _create_vm(
+    docker_client, spec: ClusterSpec, vm: VM, wanted: str, wheelhouse: Path | None = None
+):
     name = spec.container(vm)
     # A new VM gets a new disk: a volume left by an interrupted `down` would bring back its
     # containers and images (a finished job the new VM has no files of).
@@ -334,6 +397,7 @@ def _create_vm(docker_client, spec: ClusterSpec, vm: VM, wanted: str):
             "/sys/fs/cgroup": {"bind": "/sys/fs/cgroup", "mode": "rw"},
             "/lib/modules": {"bind": "/lib/modules", "mode": "ro"},
             spec.volume(vm): {"bind": "/var/lib/docker", "mode": "rw"},
+            **({str(wheelhouse): {"bind": WHEELHOUSE, "mode": "ro"}} if wheelhouse else {}),
         },
         stop_signal="SIGRTMIN+3",
         network=first,
@@ -397,7 +461,7 @@ ExecStartPre=/bin/sh -ec 'ip addr replace {gce_metadata.ADDRESS}/32 dev lo; \\
   grep -q "metadata.google.internal" /etc/hosts || \\
   echo "{gce_metadata.ADDRESS} {" ".join(gce_metadata.HOSTNAMES)}" >> /etc/hosts'
 ExecStart=/usr/bin/python3 {METADATA_SCRIPT} --document {gce_metadata.DOCUMENT} \\
-  --request-log /var/log/hlf-gce/requests.log
+  --request-log /var/log/hlf-gce/requests.log --token-key {gce_metadata.KEY_FILE}
 LogsDirectory=hlf-gce
 Restart=always
 RestartSec=1
@@ -421,8 +485,9 @@ chmod 0440 /etc/sudoers.d/90-localcluster
 
 def configure_network(spec: ClusterSpec, vm: VM, container) -> None:
     """What a VM loses when its container restarts: NIC names, routes, the external path's
-    filter, the hosts file (the peers' names and the metadata server's). Run at creation and
-    again after every start."""
+    filter, the hosts file (the peers' names, the metadata server's, and storage.googleapis.com
+    at the host's VPC address, where the box's Cloud Storage listens). Run at creation and again
+    after every start."""
     _exec(container, _rename_script(container, spec, vm))
     if vm.layout:
         _exec(container, standin_devices_script(vm))
@@ -433,12 +498,14 @@ def configure_network(spec: ClusterSpec, vm: VM, container) -> None:
     # The metadata server's name too: Docker rewrites /etc/hosts when a started VM gets its new
     # external address, which can drop the line the metadata unit added at boot.
     metadata = f"{gce_metadata.ADDRESS} {' '.join(gce_metadata.HOSTNAMES)}"
+    storage = f"{spec.networks['vpc'].gateway} {gcs_service.ENDPOINT.split('//')[1]}"
     _exec(
         container,
-        'kept=$(grep -v "\\s$VM_NAME$" /etc/hosts); '
+        'kept=$(grep -v "\\s$VM_NAME$" /etc/hosts | grep -v "storage.googleapis.com"); '
         'printf "%s\\n%s" "$kept" "$HOSTS" > /etc/hosts; '
-        'grep -q "metadata.google.internal" /etc/hosts || echo "$METADATA" >> /etc/hosts',
-        env={"VM_NAME": vm.name, "HOSTS": hosts, "METADATA": metadata},
+        'grep -q "metadata.google.internal" /etc/hosts || echo "$METADATA" >> /etc/hosts; '
+        'echo "$STORAGE" >> /etc/hosts',
+        env={"VM_NAME": vm.name, "HOSTS": hosts, "METADATA": metadata, "STORAGE": storage},
     )
 
 
@@ -650,6 +717,10 @@ def _start_metadata_server(
     document = metadata_document(spec, vm, vpc_mac, macs=macs)
     gce_metadata.publish(container.name, document)
     _put(container, METADATA_SCRIPT, Path(gce_metadata.__file__).read_text())
+    # The key its tokens are signed with, which the box's Cloud Storage checks them by.
+    key = gcs_service.metadata_key(state_dir(spec)).read_text()
+    _put(container, gce_metadata.KEY_FILE, key)
+    _exec(container, f"chmod 0600 {gce_metadata.KEY_FILE}")
     _put(container, f"/etc/systemd/system/{METADATA_UNIT}", METADATA_UNIT_TEXT)
     _exec(container, f"systemctl daemon-reload; systemctl enable --now {METADATA_UNIT}")
     url = f"http://{gce_metadata.HOSTNAMES[0]}/computeMetadata/v1/instance/id"
@@ -823,6 +894,7 @@ def leftovers(docker_client, name: str) -> list[str]:
 
 def down(spec: ClusterSpec, quiet: bool = False) -> None:
     docker_client = client()
+    gcs_service.stop(state_dir(spec))
     compute_service.stop(state_dir(spec))
     label = {"label": f"{CLUSTER_LABEL}={spec.name}"}
     for container in docker_client.containers.list(all=True, filters=label):

@@ -86,9 +86,18 @@ every exchange of their runs passes.
 It is reached the way the module allows: the module's URLs are fixed, so clients set
 HTTPS_PROXY=http://127.0.0.1:PORT and REQUESTS_CA_BUNDLE=STATE/ca.pem. CONNECT to
 compute.googleapis.com, www.googleapis.com or oauth2.googleapis.com:443 is answered here with TLS
-from a test CA (trustme) and served from memory; CONNECT to any other host, and plain proxy
-requests, are refused and logged. Nothing is forwarded: the fake never opens a connection of its
-own. It listens on 127.0.0.1 only.
+from a test CA (trustme; STATE/ca.pem and its key ca-key.pem, kept across restarts) and served
+from memory. CONNECT to storage.googleapis.com:443 is relayed, bytes both ways, to the box's Cloud
+Storage front (gcs_api.py, which answers TLS with a certificate from the same CA) once
+POST /_fake/config {"storage": "127.0.0.1:PORT"} named it; that is the one connection the fake
+opens, to loopback. CONNECT to any other host, and plain proxy requests, are refused and logged.
+It listens on 127.0.0.1 only.
+
+Token introspection as Google's (https://oauth2.googleapis.com/tokeninfo?access_token=T, GET or
+POST): for a token this fake issued (or the fixed one) {"azp", "aud" (the key's client_id),
+"scope", "exp", "expires_in", "email" (the key's client_email), "email_verified",
+"access_type"}, else 400 {"error": "invalid_token", "error_description": "Invalid Value"}. The
+Cloud Storage front learns a caller's identity from it.
 
 Plain requests to /_fake/... are the tests' control API: GET requests (the log: per request its
 method, host, path, query, body, status, response and, for an operation, its status), DELETE
@@ -97,7 +106,8 @@ POST reset, POST config ({"operation_seconds": N or null for never, "deny": [PER
 "start_capacity_errors": N (the next N instances.start operations end DONE with the error
 ZONE_RESOURCE_POOL_EXHAUSTED, the instance left TERMINATED, as a zone's stock-out does),
 "projects": {P: [NETWORK...]}, "page_size": N or null: at most N items a list's page, as the
-real API may return fewer than maxResults}), GET firewalls, PUT firewalls/P/NAME (edit a rule behind
+real API may return fewer than maxResults, "storage": "HOST:PORT" or null: where CONNECT to
+storage.googleapis.com is relayed}), GET firewalls, PUT firewalls/P/NAME (edit a rule behind
 the API's back, as someone in the console would; kind, id, creationTimestamp, name and selfLink
 are filled in where missing, as every stored rule has them; answers the rule), GET instances,
 PUT instances/P/ZONE/NAME (body: the instance resource; the fake fills in what the API always
@@ -123,7 +133,9 @@ import json
 import os
 import re
 import secrets
+import select
 import signal
+import socket
 import ssl
 import sys
 import threading
@@ -135,6 +147,8 @@ from urllib.parse import parse_qs, unquote, urlsplit
 
 API_HOSTS = ("compute.googleapis.com", "www.googleapis.com")
 OAUTH_HOST = "oauth2.googleapis.com"
+# Relayed, not served here: to the box's Cloud Storage front (gcs_api.py), once configured.
+STORAGE_HOST = "storage.googleapis.com"
 TOKEN_URI = f"https://{OAUTH_HOST}/token"
 JWT_BEARER = "urn:ietf:params:oauth:grant-type:jwt-bearer"
 TOKEN_SECONDS = 3600
@@ -234,6 +248,8 @@ class Compute:
         self.backend = backend
         self.service_account = None  # (client_email, public key), set by the Server
         self.issued = {}  # access token -> expiry (time.time()); kept across a reset
+        self.scopes = {}  # access token -> the scope it was granted for
+        self.storage = None  # (host, port) of the Cloud Storage front CONNECT is relayed to
         self.lock = threading.RLock()
         self.ids = itertools.count(int(time.time()) * 1000)
         self.history = []  # every entry of the log since the start, kept through resets
@@ -271,6 +287,9 @@ class Compute:
                 self.page_size = None if size is None else max(1, int(size))
             if "start_capacity_errors" in config:
                 self.start_capacity_errors = max(0, int(config["start_capacity_errors"]))
+            if "storage" in config:
+                host, _colon, port = str(config["storage"] or "").rpartition(":")
+                self.storage = (host, int(port)) if host else None
 
     # -- the API --------------------------------------------------------------------------------
 
@@ -826,7 +845,35 @@ class Compute:
             return refuse("invalid_scope", "Invalid OAuth scope or ID token audience provided.")
         token = "ya29." + secrets.token_urlsafe(32)
         self.issued[token] = clock + TOKEN_SECONDS
+        self.scopes[token] = " ".join(str(claims["scope"]).split())
         return 200, {"access_token": token, "expires_in": TOKEN_SECONDS - 1, "token_type": "Bearer"}
+
+    def tokeninfo(self, form):
+        """GET or POST https://oauth2.googleapis.com/tokeninfo?access_token=T: (status, body)."""
+        token = form.get("access_token", [""])[0]
+        with self.lock:
+            expiry = self.issued.get(token, 0)
+            if token == self.token:
+                expiry, scope = (
+                    time.time() + TOKEN_SECONDS,
+                    "https://www.googleapis.com/auth/cloud-platform",
+                )
+            else:
+                scope = self.scopes.get(token, "")
+            if not token or expiry <= time.time():
+                return 400, {"error": "invalid_token", "error_description": "Invalid Value"}
+            email, _key = self.service_account
+        client_id = self.client_id
+        return 200, {
+            "azp": client_id,
+            "aud": client_id,
+            "scope": scope,
+            "exp": str(int(expiry)),
+            "expires_in": str(max(0, int(expiry - time.time()))),
+            "email": email,
+            "email_verified": "true",
+            "access_type": "online",
+        }
 
     # -- control ----------------------------------------------------------------------------
 
@@ -1066,11 +1113,19 @@ class Server(ThreadingHTTPServer):
         self.project = backend.project if backend else next(iter(DEFAULT_PROJECTS))
         self.service_account_path = self.state_dir / "service-account.json"
         self.compute.service_account = make_service_account(self.service_account_path, self.project)
+        self.compute.client_id = json.loads(self.service_account_path.read_text())["client_id"]
         self.idle = idle
         self.last_request = time.monotonic()
-        ca = trustme.CA()
+        # The box's CA, kept across restarts (the VMs trust it; gcs_api.py issues from it).
         self.ca_path = self.state_dir / "ca.pem"
-        ca.cert_pem.write_to_path(str(self.ca_path))
+        ca_key = self.state_dir / "ca-key.pem"
+        if self.ca_path.exists() and ca_key.exists():
+            ca = trustme.CA.from_pem(self.ca_path.read_bytes(), ca_key.read_bytes())
+        else:
+            ca = trustme.CA()
+            ca_key.touch(mode=0o600)
+            ca_key.write_bytes(ca.private_key_pem.bytes())
+            ca.cert_pem.write_to_path(str(self.ca_path))
         self.tls = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
         ca.issue_cert(*API_HOSTS, OAUTH_HOST).configure_cert(self.tls)
         super().__init__(("127.0.0.1", 0), ProxyHandler)
@@ -1172,6 +1227,9 @@ class ApiHandler(Handler):
         path = urlsplit(self.path).path
         if (self.command, path) == ("POST", "/token"):
             status, payload = self.server.compute.grant(form)
+        elif self.command in ("GET", "POST") and path == "/tokeninfo":
+            form = {**parse_qs(urlsplit(self.path).query), **form}
+            status, payload = self.server.compute.tokeninfo(form)
         else:
             status, payload = 404, {"error": "not_found", "error_description": f"Not Found: {path}"}
         entry = {"time": time.time(), "method": self.command, "host": OAUTH_HOST, "path": path}
@@ -1204,6 +1262,9 @@ class ProxyHandler(Handler):
 
     def do_CONNECT(self):
         host, _colon, port = self.path.partition(":")
+        storage = self.server.compute.storage
+        if (host, port) == (STORAGE_HOST, "443") and storage:
+            return self.relay(storage)
         if host not in (*API_HOSTS, OAUTH_HOST) or port != "443":
             self.close_connection = True
             return self.refuse(self.path)
@@ -1223,6 +1284,36 @@ class ProxyHandler(Handler):
             tls.close()
         self.close_connection = True
         return None
+
+    def relay(self, upstream):
+        """CONNECT storage.googleapis.com:443: the bytes both ways to the Cloud Storage front on
+        loopback, which answers TLS with its certificate from the box's CA."""
+        self.close_connection = True
+        try:
+            remote = socket.create_connection(upstream, timeout=10)
+        except OSError:
+            return self.answer(502, {"error": f"the Cloud Storage front {upstream} is down"})
+        self.send_response(200, "Connection established")
+        self.end_headers()
+        self.wfile.flush()
+        self.server.compute.record(
+            {"time": time.time(), "method": "CONNECT", "host": STORAGE_HOST, "relayed": True}
+        )
+        pair = {self.connection: remote, remote: self.connection}
+        try:
+            while True:
+                readable, _w, _x = select.select(list(pair), [], [], 300)
+                if not readable:
+                    return None
+                for sock in readable:
+                    data = sock.recv(65536)
+                    if not data:
+                        return None
+                    pair[sock].sendall(data)
+        except OSError:
+            return None
+        finally:
+            remote.close()
 
     def control(self):
         url = urlsplit(self.path)

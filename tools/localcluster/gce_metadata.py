@@ -15,6 +15,11 @@ Runs inside each VM (stdlib only; python3 is in the VM images) on 169.254.169.25
   (or from the current one when none is given), or for `timeout_sec` seconds, then answers;
 - `instance/service-accounts/ACCOUNT/token` answers `{"access_token", "expires_in",
   "token_type": "Bearer"}`: a made-up token, accepted by nothing but what this cluster fakes.
+  With a token key (`--token-key FILE`, read at each request; the cluster's, 0600) the token is
+  `ya29.local-PAYLOAD.MAC`: PAYLOAD the account's email and expiry (base64url), MAC an HMAC-SHA256
+  of them under the key, so that the box's Cloud Storage front (gcs_api.py), which holds the same
+  key, can tell who calls (token_identity) without asking the VM. To a client it stays an opaque
+  bearer token, as GCE's are. Without the key file the token is random.
 
 Its data is one JSON document per VM (`/etc/hlf-gce/instance.json`): `{"instance": {...},
 "project": {...}}` in the shape `?recursive=true` answers (camelCase keys; `attributes` and
@@ -25,7 +30,9 @@ waiters: `publish()` rewrites it from the host (as the Compute API would change 
 from __future__ import annotations
 
 import argparse
+import base64
 import hashlib
+import hmac
 import json
 import os
 import re
@@ -39,6 +46,8 @@ from urllib.parse import parse_qs, urlsplit
 ADDRESS = "169.254.169.254"
 HOSTNAMES = ("metadata.google.internal", "metadata")
 DOCUMENT = "/etc/hlf-gce/instance.json"
+KEY_FILE = "/etc/hlf-gce/token.key"  # the HMAC key of the tokens (a path)
+TOKEN_PREFIX = "ya29.local-"  # noqa: S105 (the made-up tokens' prefix)
 ROOT = "/computeMetadata/v1/"
 # Keys whose children are named by the user (custom metadata, service-account emails).
 VERBATIM = {"attributes", "serviceAccounts"}
@@ -157,15 +166,18 @@ class Answer:
         self.headers = {"Content-Type": content_type, **headers}
 
 
-def answer_for(data: dict | None, path: str, query: dict[str, str]) -> Answer:
-    """The answer to a GET of `path` (below ROOT, or ROOT itself) with its query."""
+def answer_for(
+    data: dict | None, path: str, query: dict[str, str], key: bytes | None = None
+) -> Answer:
+    """The answer to a GET of `path` (below ROOT, or ROOT itself) with its query; `key` signs
+    the tokens."""
     if data is None:
         return Answer(503, "The metadata document is not available.\n")
     rest = path[len(ROOT) :]
     directory_wanted = rest == "" or rest.endswith("/")
     parts = [part for part in rest.split("/") if part]
     if len(parts) >= 4 and parts[:2] == ["instance", "service-accounts"] and parts[3] == "token":
-        return token_answer(data, parts[2], query)
+        return token_answer(data, parts[2], query, key)
     try:
         node, key = lookup(data, parts)
     except KeyError:
@@ -200,12 +212,54 @@ def query_string(query: dict[str, str]) -> str:
     return "&".join(f"{k}={v}" for k, v in query.items())
 
 
-def token_answer(data: dict, account: str, query: dict[str, str]) -> Answer:
+def _b64(data: bytes) -> str:
+    return base64.urlsafe_b64encode(data).decode().rstrip("=")
+
+
+def make_token(email: str, key: bytes, lifetime_s: float = TOKEN_LIFETIME_S) -> str:
+    """An access token for `email` that whoever holds `key` can check (token_identity)."""
+    payload = _b64(f"{email} {int(time.time() + lifetime_s)}".encode())
+    mac = hmac.new(key, f"{TOKEN_PREFIX}{payload}".encode(), hashlib.sha256).digest()
+    return f"{TOKEN_PREFIX}{payload}.{_b64(mac)}"
+
+
+def token_identity(token: str, key: bytes) -> str | None:
+    """The email a token of make_token was issued to, or None (not ours, altered, expired)."""
+    body, _dot, mac = token.rpartition(".")
+    if not body.startswith(TOKEN_PREFIX) or not mac:
+        return None
+    wanted = _b64(hmac.new(key, body.encode(), hashlib.sha256).digest())
+    if not hmac.compare_digest(wanted, mac):
+        return None
+    try:
+        payload = body[len(TOKEN_PREFIX) :]
+        email, expiry = base64.urlsafe_b64decode(payload + "=" * (-len(payload) % 4)).split()
+        return email.decode() if float(expiry) > time.time() else None
+    except ValueError:
+        return None
+
+
+def read_key(path: str | None) -> bytes | None:
+    if not path:
+        return None
+    try:
+        with open(path, "rb") as handle:
+            return handle.read().strip() or None
+    except OSError:
+        return None
+
+
+def token_answer(
+    data: dict, account: str, query: dict[str, str], key: bytes | None = None
+) -> Answer:
     accounts = data.get("instance", {}).get("serviceAccounts", {})
     if account not in accounts:
         return Answer(404, "Not Found\n")
+    email = accounts[account].get("email", account)
     token = {
-        "access_token": f"ya29.local-{secrets.token_urlsafe(24)}",
+        "access_token": (
+            make_token(email, key) if key else f"{TOKEN_PREFIX}{secrets.token_urlsafe(24)}"
+        ),
         "expires_in": TOKEN_LIFETIME_S,
         "token_type": "Bearer",
     }
@@ -214,7 +268,7 @@ def token_answer(data: dict, account: str, query: dict[str, str]) -> Answer:
     return Answer(200, json.dumps(token), "application/json")
 
 
-def make_handler(document: Document, request_log: str | None = None):
+def make_handler(document: Document, request_log: str | None = None, token_key: str | None = None):
     class Handler(BaseHTTPRequestHandler):
         protocol_version = "HTTP/1.1"
 
@@ -236,7 +290,7 @@ def make_handler(document: Document, request_log: str | None = None):
                 return self._send(Answer(404, "Not Found\n"))
             if query.get("wait_for_change", "false").lower() == "true":
                 return self._send(self._wait(path, query))
-            return self._send(answer_for(document.data, path, query))
+            return self._send(answer_for(document.data, path, query, read_key(token_key)))
 
         def _wait(self, path: str, query: dict[str, str]) -> Answer:
             try:
@@ -244,11 +298,12 @@ def make_handler(document: Document, request_log: str | None = None):
             except ValueError:
                 return Answer(400, "timeout_sec must be a number of seconds.\n")
             deadline = time.monotonic() + max(0.0, min(timeout, MAX_WAIT_S))
-            first = answer_for(document.data, path, query)
+            key = read_key(token_key)
+            first = answer_for(document.data, path, query, key)
             last = query.get("last_etag") or etag_of(first.body)
             with document.changed:
                 while True:
-                    current = answer_for(document.data, path, query)
+                    current = answer_for(document.data, path, query, key)
                     left = deadline - time.monotonic()
                     if current.status != 200 or etag_of(current.body) != last or left <= 0:
                         return current
@@ -287,10 +342,16 @@ def make_handler(document: Document, request_log: str | None = None):
     return Handler
 
 
-def serve(document_path: str, host: str, port: int, request_log: str | None = None):
+def serve(
+    document_path: str,
+    host: str,
+    port: int,
+    request_log: str | None = None,
+    token_key: str | None = None,
+):
     """A running server (call .shutdown()), its document watched in a thread."""
     document = Document(document_path)
-    server = ThreadingHTTPServer((host, port), make_handler(document, request_log))
+    server = ThreadingHTTPServer((host, port), make_handler(document, request_log, token_key))
     server.daemon_threads = True
     stop = threading.Event()
     threading.Thread(target=document.watch, args=(stop,), daemon=True).start()
@@ -420,8 +481,9 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--address", default=ADDRESS)
     parser.add_argument("--port", type=int, default=80)
     parser.add_argument("--request-log", help="append each request's method, path and flavor")
+    parser.add_argument("--token-key", help="sign the access tokens with this file's key")
     args = parser.parse_args(argv)
-    server = serve(args.document, args.address, args.port, args.request_log)
+    server = serve(args.document, args.address, args.port, args.request_log, args.token_key)
     try:
         threading.Event().wait()
     except KeyboardInterrupt:

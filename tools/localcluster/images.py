@@ -1,4 +1,5 @@
-"""Images of the local cluster: the "VM" image per platform and a tiny probe image.
+"""Images of the local cluster: the "VM" image per platform and a tiny probe image; and the
+VMs' wheelhouse (ensure_wheelhouse), the Python packages they install offline.
 
 A VM image is pulled and built from a registry's base image when a registry answers, else
 bootstrapped with debootstrap from the distribution's archive and imported. Images are cached:
@@ -10,6 +11,7 @@ from __future__ import annotations
 import hashlib
 import shutil
 import subprocess
+import sys
 import tempfile
 import time
 import urllib.error
@@ -45,13 +47,14 @@ VM_PACKAGES = (
     "iptables",
     "kmod",
     "python3-requests",
+    "python3-venv",  # a node makes venvs (python3 -m venv) for its Python tools
 )
 # A "blank" host (no Docker) for role tests that install it.
 ENGINE_PACKAGES = ("docker.io", "iptables", "kmod", "python3-requests")
 BLANK_PACKAGES = tuple(p for p in VM_PACKAGES if p not in ENGINE_PACKAGES)
 # A blank host that is an Ansible controller for the nox matrix: venvs, git and shellcheck
 # (ansible-test sanity).
-CONTROLLER_PACKAGES = (*BLANK_PACKAGES, "python3-venv", "git", "shellcheck")
+CONTROLLER_PACKAGES = (*BLANK_PACKAGES, "git", "shellcheck")
 KINDS = {"vm": VM_PACKAGES, "blank": BLANK_PACKAGES, "controller": CONTROLLER_PACKAGES}
 
 
@@ -279,6 +282,42 @@ def _import(
         [*args, "-", name],
         what=f"docker import of {name}",
     )
+
+
+# What the VMs' pip installs from the wheelhouse (a node's venv: Google's Cloud Storage client),
+# for their Python: Debian 12's 3.11 on x86_64 (glibc 2.36).
+WHEELHOUSE_REQUIREMENTS = ("google-cloud-storage>=3.0,<4",)
+WHEEL_PLATFORMS = ("manylinux2014_x86_64", "manylinux_2_17_x86_64", "manylinux_2_28_x86_64")
+WHEEL_PYTHON = ("3.11", "cp", ("cp311", "abi3", "none"))
+
+
+def ensure_wheelhouse(cache_dir: Path) -> Path:
+    """A folder of wheels (WHEELHOUSE_REQUIREMENTS and their dependencies, for the VMs' Python),
+    downloaded once with this machine's pip into cache_dir/vm-wheelhouse/<inputs>; the VMs here
+    cannot reach PyPI (test-machine.md), so their pip installs from it offline."""
+    version, implementation, abis = WHEEL_PYTHON
+    inputs = inputs_hash("wheelhouse/1", *WHEELHOUSE_REQUIREMENTS, *WHEEL_PLATFORMS, version, *abis)
+    folder = cache_dir / "vm-wheelhouse" / inputs  # (wheelhouse/ is the training image's)
+    if (folder / ".complete").exists():
+        return folder
+    log(f"wheelhouse {folder}: downloading {', '.join(WHEELHOUSE_REQUIREMENTS)} (once)")
+    partial = folder.with_name(f"{inputs}.partial")
+    shutil.rmtree(partial, ignore_errors=True)
+    partial.mkdir(parents=True)
+    command = [sys.executable, "-m", "pip", "download", "-q", "--dest", str(partial)]
+    command += ["--only-binary=:all:", "--python-version", version]
+    command += ["--implementation", implementation]
+    command += [f"--platform={platform}" for platform in WHEEL_PLATFORMS]
+    command += [f"--abi={abi}" for abi in abis]
+    try:
+        run([*command, *WHEELHOUSE_REQUIREMENTS], timeout=600)
+    except ClusterError as exc:
+        message = f"the VMs' wheelhouse: pip download failed (PyPI reachable?): {exc}"
+        raise ClusterError(message) from exc
+    (partial / ".complete").write_text("\n".join(WHEELHOUSE_REQUIREMENTS) + "\n")
+    shutil.rmtree(folder, ignore_errors=True)
+    partial.rename(folder)
+    return folder
 
 
 def ensure_probe_image(client, cache_dir: Path) -> str:
