@@ -46,6 +46,7 @@ except ImportError:  # the sync service on a node: _job.py lies next to this fil
     from _job import CHECKPOINT, complete_checkpoints  # type: ignore[no-redef]
 
 URI = re.compile(r"^gs://([a-z0-9][a-z0-9._-]{1,220}[a-z0-9])(/.*)?$")
+PREFIX = re.compile(r"^[A-Za-z0-9._/-]*$")
 BUCKET_PART = re.compile(r"^[a-z0-9]([a-z0-9_-]{0,61}[a-z0-9])?$")
 COMPLETE = "COMPLETE.json"
 MANIFEST = "MANIFEST.json"
@@ -74,7 +75,9 @@ def parse_uri(uri):
     if (len(parts) == 1 and len(bucket) > 63) or not all(BUCKET_PART.match(p) for p in parts):
         raise ValueError("bucket %r is not a valid Cloud Storage bucket name" % bucket)
     if "//" in (match.group(2) or "").rstrip("/") or any(p in (".", "..") for p in path.split("/")):
-        raise ValueError("%r: the prefix may not hold empty, . or .. parts" % uri)
+        raise ValueError("%r: the prefix may not hold empty, . or .. parts" % (uri,))
+    if not PREFIX.match(path):
+        raise ValueError("%r: the prefix may hold letters, digits and ._-/ only" % (uri,))
     return bucket, path
 
 
@@ -432,6 +435,8 @@ def run_service(config_path, sleep=time.sleep, now=time.time, client=None):
     store = Store(config["uri"], config["job"], client=client, workers=config.get("workers", 4))
     done, marked, last_error = set(), [], None
     ended_at = None
+    # The launch restarts this service just before the rank: an older agent state is stale.
+    started = config.get("launched_at") or now()
     while True:
         try:
             # While the rank runs, a checkpoint is sent once its files are quiet for a while.
@@ -450,7 +455,7 @@ def run_service(config_path, sleep=time.sleep, now=time.time, client=None):
             _say("sync failed, trying again: %s" % last_error)
         _write_status(config.get("status_file"), sorted(done), marked, last_error)
         if ended_at is None:
-            if agent_ended(config["state_file"], config.get("launched_at", 0)):
+            if agent_ended(config["state_file"], started):
                 ended_at = now()
                 continue  # one more pass for what the rank saved last
         else:

@@ -189,6 +189,8 @@ PULL_VARS: dict = {}
 # How the controller reaches the box's Compute Engine API (its proxy and CA), for every run on
 # the GCP path's inventory (the dynamic inventory and the firewall role read it).
 BOX_ENV: dict = {}
+# llamafactory_output_uri in the box's bucket, for the jobs that keep their outputs there.
+OUTPUTS: dict = {}
 
 
 @pytest.fixture(scope="session")
@@ -208,6 +210,7 @@ def train_cluster(test_cluster):
         llamafactory_registry_password=found.password,
     )
     BOX_ENV.update(state["gce"]["env"])
+    OUTPUTS.update(llamafactory_output_uri=f"gs://{state['gcs']['bucket']}/tests")
     return state["gcp_inventory"], [VM(node) for node in state["nodes"]]
 
 
@@ -228,6 +231,15 @@ def follow_restarts(test_cluster, vms):
 def box(train_cluster, test_cluster):
     """The session cluster's Compute Engine API, as a GCP client reaches it."""
     client = box_api.Box(test_cluster[1]["gce"])
+    yield client
+    client.close()
+
+
+@pytest.fixture(scope="session")
+def bucket(train_cluster, test_cluster):
+    """The session cluster's Cloud Storage (its bucket), as a GCP client reaches it; jobs given
+    **OUTPUTS write their outputs under its tests/ prefix."""
+    client = box_api.Storage(test_cluster[1]["gcs"])
     yield client
     client.close()
 

@@ -15,6 +15,7 @@ import pytest
 from conftest import (
     JOBS,
     NODES_RULE,
+    OUTPUTS,
     PULL_VARS,
     container,
     forget_job,
@@ -54,7 +55,7 @@ def e2e(train_cluster, box, tmp_path_factory):
         box.delete_rule(NODES_RULE)
     tmp = tmp_path_factory.mktemp("e2e")
     started = time.monotonic()
-    rc, stats, failures, events = play(inventory, tmp / "first", "e2e")
+    rc, stats, failures, events = play(inventory, tmp / "first", "e2e", **OUTPUTS)
     return {
         "rc": rc,
         "stats": stats,
@@ -161,12 +162,64 @@ def test_results_and_the_adapter_reach_the_controller(e2e):
     assert f"--adapter_name_or_path {adapter} --template " in messages[0][2]
 
 
+def test_the_outputs_are_in_the_bucket_as_rank_0_wrote_them(e2e, bucket):
+    """llamafactory_output_uri: every checkpoint complete (each node's part, its manifest, the
+    mark written last), the final outputs byte for byte rank 0's and the controller's copy, and
+    the summary saying where they are."""
+    vm0, vm1 = e2e["vms"]
+    prefix = OUTPUTS["llamafactory_output_uri"].split("/", 3)[3] + "/e2e"
+    objects = bucket.objects(prefix + "/")
+    saved = sorted(
+        int(name.rsplit("-", 1)[1])
+        for name in vm0.sh(f"ls -d {JOBS}/e2e/output/checkpoint-*").stdout.split()
+    )
+    assert saved
+    for step in saved:
+        folder = f"{prefix}/checkpoints/checkpoint-{step}"
+        assert f"{folder}/COMPLETE.json" in objects
+        for rank, vm in enumerate((vm0, vm1)):
+            manifest = json.loads(bucket.read(f"{folder}/node-{rank}.json"))
+            shard = f"global_step{step}/bf16_zero_pp_rank_{rank}_mp_rank_00_optim_states.pt"
+            assert shard in manifest["files"] or any(
+                f"zero_pp_rank_{rank}_" in name for name in manifest["files"]
+            ), manifest["files"]
+            for name, entry in manifest["files"].items():
+                assert objects[f"{folder}/node-{rank}/{name}"]["crc32c"] == entry["crc32c"]
+            listed = vm.sh(f"cd {JOBS}/e2e/output/checkpoint-{step} && find . -type f | wc -l")
+            assert len(manifest["files"]) == int(listed.stdout)
+    on_node = dict(
+        reversed(line.split("  ", 1))
+        for line in vm0.sh(
+            f"cd {JOBS}/e2e/output && find . -maxdepth 1 -type f ! -name '.*' -printf '%f\\0' "
+            "| xargs -0 sha256sum"
+        ).stdout.splitlines()
+    )
+    manifest = json.loads(bucket.read(f"{prefix}/output/MANIFEST.json"))
+    assert {name: entry["sha256"] for name, entry in manifest["files"].items()} == on_node
+    adapter = e2e["tmp"] / "results" / "e2e" / "adapter"
+    for name, digest in on_node.items():
+        data = bucket.read(f"{prefix}/output/{name}")
+        assert hashlib.sha256(data).hexdigest() == digest
+        assert (adapter / name).read_bytes() == data
+    said = [
+        e["event_data"]["res"].get("msg")
+        for e in e2e["events"]
+        if e.get("event") == "runner_on_ok"
+        and "Say where the outputs are in the bucket" in str(e["event_data"].get("task"))
+    ]
+    uri = OUTPUTS["llamafactory_output_uri"] + "/e2e"
+    assert said[0][0].startswith(f"the trained model in the bucket: {uri}/output (")
+    assert said[0][1].startswith("checkpoints complete in the bucket: ")
+
+
 def test_a_second_run_changes_nothing(e2e):
     """...with one fork for two nodes: the wait runs on rank 0's node alone (its agent's view
     of the other ranks), and the judgment reads every node's report."""
     vm0, vm1 = e2e["vms"]
     before = [container(vm, "e2e") for vm in (vm0, vm1)]
-    rc, stats, failures, events = play(e2e["inventory"], e2e["tmp"] / "second", "e2e", forks=1)
+    rc, stats, failures, events = play(
+        e2e["inventory"], e2e["tmp"] / "second", "e2e", forks=1, **OUTPUTS
+    )
     assert rc == 0, failures
     assert changed(stats) == {}
     waited = [

@@ -8,6 +8,7 @@ import time
 import pytest
 from conftest import (
     JOBS,
+    OUTPUTS,
     PULL_VARS,
     container,
     follow_restarts,
@@ -148,12 +149,16 @@ def test_a_vanished_node_ends_the_job_within_the_bound_without_the_controller(
 
 
 def test_a_stopped_vm_is_started_the_job_resumes_and_the_vms_stop_when_done(
-    train_cluster, test_cluster, box, tmp_path
+    train_cluster, test_cluster, box, bucket, tmp_path
 ):
-    """A VM stopped through the API mid-training (the box's preemption) with
-    gcp_instances_restart_stopped: started again, the job resumes from the common checkpoint and
-    finishes; gcp_instances_when_done: stop then TERMINATES both VMs once the results are on the
-    controller. Re-attached with delete, VMs the launch did not label are refused."""
+    """A VM whose disk is wiped and which is then stopped through the API mid-training (the
+    box's preemption of a VM that comes back on a fresh disk) with
+    gcp_instances_restart_stopped and llamafactory_output_uri: started again, its part of the
+    checkpoint complete in the bucket downloaded, the job resumes from it and finishes;
+    gcp_instances_when_done: stop then TERMINATES both VMs once the results are on the
+    controller. Re-attached with delete: without an output URI and the adapter too large for the
+    controller every VM is kept; with the model verified in the bucket the delete goes ahead,
+    and VMs the launch did not label are refused."""
     inventory, vms = train_cluster
     job = "e2e-vm"
     forget_job(vms, job)
@@ -171,21 +176,28 @@ def test_a_stopped_vm_is_started_the_job_resumes_and_the_vms_stop_when_done(
             gcp_instances_restart_stopped=True,
             gcp_instances_when_done="stop",
             llamafactory_train_overrides=longer,
+            **OUTPUTS,
         )
 
     thread = threading.Thread(target=run)
     thread.start()
     try:
-        shard = f"{JOBS}/{job}/output/checkpoint-10/global_step10"
-        wait_until(
+        prefix = OUTPUTS["llamafactory_output_uri"].split("/", 3)[3] + f"/{job}/checkpoints/"
+        complete = wait_until(
             lambda: (
                 not thread.is_alive()
-                or all(vm.sh(f"test -d {shard}", check=False).returncode == 0 for vm in vms)
+                or sorted(
+                    int(name.split("checkpoint-")[1].split("/")[0])
+                    for name in bucket.objects(prefix)
+                    if name.endswith("/COMPLETE.json")
+                )
             ),
             600,
-            "the first checkpoint",
+            "the first checkpoint complete in the bucket",
         )
         assert thread.is_alive(), f"the job ended before its first checkpoint: {outcome}"
+        # vm1's disk lost: its whole output folder (every checkpoint part) gone, then the VM.
+        vms[1].sh(f"rm -rf {JOBS}/{job}/output/*")
         box.act(vms[1].name, "stop")  # the box's preemption
         thread.join(900)
         assert not thread.is_alive(), "the playbook did not end"
@@ -198,10 +210,14 @@ def test_a_stopped_vm_is_started_the_job_resumes_and_the_vms_stop_when_done(
         failed_at = int(restart.split(" at step ")[1].split(":")[0])
         resumed_at = int(restart.split("resuming from checkpoint-")[1].split(",")[0])
         lost = int(restart.split(", ")[-1].split(" steps lost")[0])
-        assert resumed_at >= 10 and lost == failed_at - resumed_at
+        assert resumed_at >= complete[-1] and lost == failed_at - resumed_at
+        assert f"{vms[1].name}: checkpoint-{resumed_at} restored from " in text
+        assert f"resuming from checkpoint-{resumed_at} (from the bucket on {vms[1].name})" in text
         log = (tmp_path / "results" / job / "trainer_log.jsonl").read_text().splitlines()
         steps = [json.loads(line)["current_steps"] for line in log if line.strip()]
         assert steps.count(1) == 1 and steps[-1] == 40  # resumed, not started over
+        again = next(i for i in range(1, len(steps)) if steps[i] <= steps[i - 1])
+        assert steps[again] == resumed_at + 1  # the first resumed step
         for vm in vms:
             assert box.instance(vm.name)["status"] == "TERMINATED"
             assert (
@@ -227,6 +243,7 @@ def test_a_stopped_vm_is_started_the_job_resumes_and_the_vms_stop_when_done(
         overrides=longer,
         gcp_instances_when_done="delete",
         launch_fetch_model_max_mb=0.000001,
+        llamafactory_output_uri="",
     )
     assert rc != 0
     message = failures["vm0"]["msg"]
@@ -239,10 +256,16 @@ def test_a_stopped_vm_is_started_the_job_resumes_and_the_vms_stop_when_done(
     ]
     for vm in vms:
         assert box.instance(vm.name)["status"] == "RUNNING"
-    # With the adapter on the controller, the delete goes ahead - and is refused for VMs the
-    # launch did not label.
+    # With the model verified in the bucket (and too large for the controller), the delete goes
+    # ahead - and is refused for VMs the launch did not label.
     rc, _stats, failures, events = attach(
-        inventory, tmp_path / "delete", job, overrides=longer, gcp_instances_when_done="delete"
+        inventory,
+        tmp_path / "delete",
+        job,
+        overrides=longer,
+        gcp_instances_when_done="delete",
+        launch_fetch_model_max_mb=0.000001,
+        **OUTPUTS,
     )
     assert rc != 0
     assert f"job {job} finished: 40 steps" in said(events)  # a finished job, reported at once

@@ -22,7 +22,7 @@ import shlex
 import sys
 from pathlib import Path
 
-from . import cluster, images, registry, spec, train_image
+from . import box_api, cluster, images, registry, spec, train_image
 from .util import ClusterError
 
 
@@ -30,7 +30,18 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="localcluster", description=__doc__)
     parser.add_argument(
         "command",
-        choices=["up", "down", "status", "env", "build", "images", "rmi", "load-image", "registry"],
+        choices=[
+            "up",
+            "down",
+            "status",
+            "env",
+            "build",
+            "images",
+            "rmi",
+            "load-image",
+            "registry",
+            "bucket",
+        ],
     )
     parser.add_argument("--kind", choices=sorted(images.KINDS), default="vm", help="for build")
     parser.add_argument(
@@ -50,6 +61,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--nodes", type=int, help="override the number of VMs")
     parser.add_argument("--inventory", help="where to write the inventory")
     parser.add_argument("--shift", type=int, help="move every subnet by SHIFT x 32 /24s")
+    parser.add_argument(
+        "--prefix", help="for bucket: list the objects under it (else print gs://BUCKET)"
+    )
     args = parser.parse_args(argv)
     try:
         definition = spec.load(
@@ -93,7 +107,19 @@ def main(argv: list[str] | None = None) -> int:
                 docker_client, found, train_image.TRAIN_IMAGE, registry.TRAIN_REPOSITORY
             )
             print(f"image: {name}\nvars: {registry.pull_vars(found, name)}")
-        elif args.command == "load-image":
+        elif args.command == "bucket":
+            path = cluster.state_dir(definition) / "state.json"
+            gcs = json.loads(path.read_text()).get("gcs") if path.exists() else None
+            if not gcs:
+                raise ClusterError(f"cluster {definition.name} is not up: run `./dev cluster up`")
+            if args.prefix is None:
+                print(f"gs://{gcs['bucket']}")
+            else:
+                storage = box_api.Storage(gcs)
+                for name, entry in sorted(storage.objects(args.prefix).items()):
+                    size, crc = entry["size"], entry["crc32c"]
+                    print(f"gs://{gcs['bucket']}/{name}  {size} bytes  crc32c {crc}")
+                storage.close()
             train_image.load_cluster(definition, cluster.client())
         elif args.command == "images":
             for tag, kind, size in images.list_images(cluster.client()):

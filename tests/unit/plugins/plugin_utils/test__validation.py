@@ -476,6 +476,24 @@ CATALOGUE = [
         "to stop (the disks stay",
     ),
     case(
+        "output-uri-scheme",
+        {"llamafactory_output_uri": "s3://b/x"},
+        "llamafactory_output_uri",
+        "is not gs://BUCKET",
+    ),
+    case(
+        "output-uri-bucket",
+        {"llamafactory_output_uri": "gs://My_Bucket/x"},
+        "llamafactory_output_uri",
+        "Example: gs://my-bucket/llamafactory",
+    ),
+    case(
+        "output-uri-prefix",
+        {"llamafactory_output_uri": "gs://bkt/a/../b"},
+        "llamafactory_output_uri",
+        "empty, . or .. parts",
+    ),
+    case(
         "instance-label",
         {"gcp_instances_label": "Job Owner"},
         "gcp_instances_label",
@@ -693,6 +711,7 @@ CATALOGUE += injected("gcp_firewall_network", "lowercase letters", lambda t: "n"
 CATALOGUE += injected("gcp_firewall_tag", "lowercase letters", lambda t: "t" + t)
 CATALOGUE += injected("gcp_firewall_target_tags", "lowercase letters", lambda t: ["t" + t])
 CATALOGUE += injected("llamafactory_gcp_project", "not a GCP project ID", lambda t: "proj" + t)
+CATALOGUE += injected("llamafactory_output_uri", "Example: gs://my-bucket", lambda t: "gs://bkt/p" + t)
 # A line break in an env value would add a line to the 0600 env file (the only way the other
 # characters matter: Docker reads --env-file values literally, no shell sees them).
 CATALOGUE += [
@@ -830,6 +849,7 @@ def test_the_good_defaults_give_the_expected_plan():
         "jobs_root": "/var/lib/llamafactory/jobs",
         "job_dir": job_dir,
         "output_dir": job_dir + "/output",
+        "output_uri": "",
         "container": "llamafactory-demo",
         "nodes": ["vm0", "vm1"],
         "ranks": {"vm0": 0, "vm1": 1},
@@ -941,11 +961,16 @@ def test_a_stopped_vm_is_refused_by_name_before_any_node_is_contacted():
 
 
 def test_delete_is_refused_only_where_the_vms_disks_hold_the_only_copy():
-    """The data-loss guard: deleting the VMs needs the model brought to the controller first."""
+    """The data-loss guard: deleting the VMs needs the outputs in the bucket or the model
+    brought to the controller."""
     for when in ("gcp_instances_when_done", "gcp_instances_when_failed"):
         _plan, problems = check({when: "delete", "launch_fetch_model_max_mb": 0})
         assert [p for p in problems if p.startswith(when + " is delete")], problems
+        assert "Set llamafactory_output_uri (gs://BUCKET/PREFIX" in problems[0]
         assert check({when: "delete"})[1] == []  # the model comes home (the default)
+        durable = {when: "delete", "launch_fetch_model_max_mb": 0}
+        durable["llamafactory_output_uri"] = "gs://my-bucket/runs"
+        assert check(durable)[1] == []
         assert check({when: "stop", "launch_fetch_model_max_mb": 0})[1] == []
 
 
