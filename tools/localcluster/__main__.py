@@ -120,6 +120,7 @@ def main(argv: list[str] | None = None) -> int:
                     size, crc = entry["size"], entry["crc32c"]
                     print(f"gs://{gcs['bucket']}/{name}  {size} bytes  crc32c {crc}")
                 storage.close()
+        elif args.command == "load-image":
             train_image.load_cluster(definition, cluster.client())
         elif args.command == "images":
             for tag, kind, size in images.list_images(cluster.client()):
