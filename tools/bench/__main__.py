@@ -17,6 +17,9 @@
                  VMs with Ansible's default 5 forks: a detached launch, the wait for a 1-minute
                  job (its controller CPU per VM per minute), a re-run, and the time until the
                  preflight names a fault (bridge networking)
+  outputs        llamafactory_output_uri: the same 40-step job with and without it,
+                 interleaved (mean step time), each checkpoint's seconds from saved to complete
+                 in the box's bucket, and a 256 MB checkpoint part sent and restored
   demo           wall time of ./dev demo, cold once (the cluster's images removed) and warm
   compare        with --compare REV: the re-run on 2 and 8 VMs and the time until the
                  preflight names each fault, the collection at REV (a git worktree) versus
@@ -50,9 +53,24 @@ BENCHMARKS = [
     "profile",
     "scale",
     "compare",
+    "outputs",
     "demo",
 ]
 NOTES = {
+    "outputs-step": (
+        "The demo's job with `max_steps: 40, save_steps: 4` on 2 VMs, with and without "
+        "`llamafactory_output_uri` (the box's bucket), alternating which runs first: "
+        "`train_runtime / 40` from `all_results.json`. With it, each node's sync service sends "
+        "every checkpoint while the next steps run."
+    ),
+    "outputs-transfer": (
+        "Upload: the seconds from a checkpoint's newest file on either node to the time in its "
+        "`COMPLETE.json` (the sync service's interval is 10 s and it waits for 5 quiet seconds), "
+        "and a 256 MB checkpoint part (random bytes) sent by the nodes' library "
+        "(`sync_checkpoints`, with the manifest and the mark) from one VM. Restore: that part "
+        "downloaded back (`restore_part`, every file checked against the manifest). The box's "
+        "Cloud Storage runs on the same 2 cores."
+    ),
     "scale": (
         "The stand-in job (tools/localcluster/standin/README.md: a small program in place of "
         "llamafactory-cli, for scale runs only; it rendezvouses, exchanges a few bytes per step "
@@ -264,6 +282,8 @@ def main(argv: list[str] | None = None) -> int:
                     runs.scale(bench, results, args.reps)
                 if "compare" in selected:
                     runs.compare(bench, results, args.rerun_reps, args.compare, args.cap)
+                if "outputs" in selected:
+                    runs.outputs(bench, results, args.reps)
             finally:
                 if not args.keep:
                     bench.down()

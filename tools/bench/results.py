@@ -31,6 +31,8 @@ COMPARISONS = {
     # Each case is one figure at N VMs (in its name) next to the same figure at 2 VMs.
     "scale": ("2 VMs", "N VMs", "value", "N VMs / 2 VMs"),
     # --compare REV: the collection at REV (before) and this tree (after), on the same cluster.
+    "outputs-step": ("without output URI", "with output URI", "seconds", "with / without"),
+    "outputs-transfer": ("upload", "restore", "seconds", "restore / upload"),
     "compare-rerun": ("before", "after", "seconds", "after / before"),
     "compare-time-to-cause": ("before", "after", "seconds", "after / before"),
 }
@@ -56,6 +58,13 @@ TITLES = {
     "profile-fault-cpu": (
         "12. The controller's CPU in a failing run (until the preflight names the fault, CPU s "
         "per task)"
+    ),
+    "outputs-step": (
+        "15. llamafactory_output_uri: a training step's mean time with and without the uploads (s)"
+    ),
+    "outputs-transfer": (
+        "16. llamafactory_output_uri: a checkpoint to the bucket and back (s, the nodes' library "
+        "against the box's Cloud Storage)"
     ),
     "compare-rerun": "13. Before and after a change (--compare REV): the re-run (s)",
     "compare-time-to-cause": (

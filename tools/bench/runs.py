@@ -1143,6 +1143,144 @@ RESTART_COMPARISONS = {
 }
 
 
+# ------------------------------------------------------------------ outputs on Cloud Storage
+
+OUTPUTS_STEPS = {"max_steps": 40, "save_steps": 4}
+SYNTHETIC_MB = 256  # a checkpoint part of this size, for the transfer rates
+VENV_PYTHON = "/opt/hostnet-llamafactory/outputs/venv/bin/python"
+TRANSFER = """
+import json, sys, time
+sys.path.insert(0, "/opt/hostnet-llamafactory/outputs")
+import _gcs_outputs as g
+uri, job, folder, action = sys.argv[1:5]
+store = g.Store(uri, job)
+started = time.monotonic()
+if action == "upload":
+    g.sync_checkpoints(store, folder, 0, 1, set())
+    assert store.newest_complete() == 1, store.checkpoints()
+else:
+    store.restore_part(folder, 1, 0)
+print(json.dumps({"seconds": time.monotonic() - started}))
+"""
+
+
+def _all_results(vm: dict, job: str) -> dict:
+    return json.loads(vm_sh(vm["container"], f"cat {JOBS}/{job}/output/all_results.json"))
+
+
+def _sent_after_saved(bench: BenchCluster, job: str, uri: str) -> list[float]:
+    """Per checkpoint: seconds from its last file written on a node to COMPLETE.json's time."""
+    storage = box_api.Storage(bench.state["gcs"])
+    prefix = uri.split("/", 3)[3] + f"/{job}/checkpoints/"
+    try:
+        marks = [n for n in storage.objects(prefix) if n.endswith("/COMPLETE.json")]
+        delays = []
+        for name in marks:
+            step = name[len(prefix) :].split("/")[0]
+            saved = max(
+                float(
+                    vm_sh(
+                        vm["container"],
+                        f"find {JOBS}/{job}/output/{step} -type f -printf '%T@\\n' "
+                        "| sort -n | tail -1",
+                        check=False,
+                    ).strip()
+                    or 0
+                )
+                for vm in bench.nodes[:2]
+            )
+            if saved:
+                delays.append(json.loads(storage.read(name))["at"] - saved)
+        return delays
+    finally:
+        storage.close()
+
+
+def _transfer(vm: dict, uri: str, job: str, folder: str, action: str) -> float:
+    out = vm_sh(
+        vm["container"],
+        f"REQUESTS_CA_BUNDLE=/etc/ssl/certs/ca-certificates.crt {VENV_PYTHON} "
+        f"-c {shlex.quote(TRANSFER)} {uri} {job} {folder} {action}",
+        timeout=900,
+    )
+    return json.loads(out.strip().splitlines()[-1])["seconds"]
+
+
+def outputs(bench: BenchCluster, results: Results, reps: int) -> None:
+    """The same job (40 steps, a checkpoint every 4) with and without llamafactory_output_uri,
+    interleaved: the mean step time (train_runtime / steps), and with it the seconds from a
+    checkpoint's last file to its COMPLETE.json in the bucket; then a synthetic checkpoint part
+    of SYNTHETIC_MB sent and restored by the nodes' library on one VM."""
+    uri = f"gs://{bench.state['gcs']['bucket']}/bench"
+    vm0 = bench.nodes[0]
+    for rep in range(1, reps + 1):
+        for variant in ("with", "without") if rep % 2 else ("without", "with"):
+            if results.has("outputs-step", "mean step time", f"{variant} output URI", rep):
+                continue
+            job = f"outputs-{variant}"
+            _clean_job(bench, job)
+            extra = {"llamafactory_output_uri": uri} if variant == "with" else {}
+            result = bench.train(
+                bench.inventory(2),
+                job,
+                f"outputs {variant} {rep}",
+                deadline_s=1500,
+                llamafactory_train_overrides=OUTPUTS_STEPS,
+                **extra,
+            )
+            if result["rc"] != 0:
+                raise BenchError(f"{job}: the play failed: {result['output'][-1500:]}")
+            runtime = _all_results(vm0, job)["train_runtime"]
+            step_s = runtime / OUTPUTS_STEPS["max_steps"]
+            results.add(
+                "outputs-step",
+                "mean step time",
+                f"{variant} output URI",
+                rep,
+                seconds=round(step_s, 4),
+                play_s=round(result["seconds"], 1),
+            )
+            if variant == "with":
+                delays = _sent_after_saved(bench, job, uri)
+                results.add(
+                    "outputs-transfer",
+                    "a demo checkpoint saved -> complete in the bucket",
+                    "upload",
+                    rep,
+                    seconds=round(sum(delays) / max(1, len(delays)), 2),
+                    checkpoints=len(delays),
+                )
+            say(f"outputs {variant} {rep}: {step_s:.3f} s a step")
+            _clean_job(bench, job)
+        if results.has("outputs-transfer", f"{SYNTHETIC_MB} MB part", "restore", rep):
+            continue
+        folder = f"{SCRATCH}/outputs/out"
+        vm_sh(
+            vm0["container"],
+            f"rm -rf {SCRATCH}/outputs && mkdir -p {folder}/checkpoint-1/global_step1 && "
+            f"head -c {SYNTHETIC_MB}M /dev/urandom > {folder}/checkpoint-1/global_step1/shard.pt "
+            f"&& echo {{}} > {folder}/checkpoint-1/trainer_state.json",
+        )
+        job = f"transfer-{rep}"
+        sent = _transfer(vm0, uri, job, folder, "upload")
+        vm_sh(vm0["container"], f"rm -rf {folder}/checkpoint-1")
+        restored = _transfer(vm0, uri, job, folder, "restore")
+        vm_sh(vm0["container"], f"rm -rf {SCRATCH}/outputs")
+        for variant, seconds in (("upload", sent), ("restore", restored)):
+            results.add(
+                "outputs-transfer",
+                f"{SYNTHETIC_MB} MB part",
+                variant,
+                rep,
+                seconds=round(seconds, 2),
+                mb_per_s=round(SYNTHETIC_MB / seconds, 1),
+            )
+        say(
+            f"outputs transfer {rep}: {SYNTHETIC_MB} MB sent in {sent:.1f} s, "
+            f"restored in {restored:.1f} s"
+        )
+
+
 # ------------------------------------------------------------------ 4. the demo
 
 
