@@ -158,7 +158,8 @@ def _probe(module, store, node):
     except api_exceptions.NotFound:
         module.fail_json(
             msg="llamafactory_output_uri: the bucket gs://%s does not exist (or this project "
-            "cannot see it): create it in the VMs' region, e.g. gcloud storage buckets create gs://%s "
+            "cannot see it): create it in the VMs' region, e.g. gcloud storage buckets create "
+            "gs://%s "
             "--location REGION --uniform-bucket-level-access" % (bucket, bucket)
         )
     except api_exceptions.Forbidden as exc:

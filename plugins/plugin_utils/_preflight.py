@@ -366,6 +366,25 @@ def findings(
                     "every node), or lower preflight_min_free_gb",
                 )
             )
+        if disk and disk.get("checkpoint_bytes") and disk["free"] < disk["checkpoint_bytes"]:
+            found.append(
+                _finding(
+                    "disk-checkpoint",
+                    "%s has %.2f GB free under %s, less than its newest checkpoint "
+                    "(checkpoint-%d, %.2f GB): the next checkpoint would fill the disk and "
+                    "stop the training when it saves"
+                    % (
+                        host,
+                        disk["free"] / float(GB),
+                        disk["path"],
+                        disk["checkpoint"],
+                        disk["checkpoint_bytes"] / float(GB),
+                    ),
+                    "free space there or use a larger disk; save_total_limit in the training "
+                    "config keeps fewer checkpoints (with llamafactory_output_uri the bucket "
+                    "keeps them all)",
+                )
+            )
         gpus = report.get("gpus")
         if int(gpus_per_node or 0) > 0 and gpus is not None and int(gpus) != int(gpus_per_node):
             found.append(

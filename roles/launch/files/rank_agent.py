@@ -29,8 +29,8 @@ same failure at the same step twice). A rank that merely errored (exit 1) after 
 killed is its consequence, not a cause. Then every agent announces the attempt it is ready for
 with the complete checkpoints it holds, waits until every other agent announced it too, and
 relaunches from the newest checkpoint all of them hold - unless a node holds no checkpoint while
-another does (its disk lost): the controller restores or names it. Anything else ends the job: the agent
-exits with its training's code (128 + N for a signal N, as a shell reports it), or
+another does (its disk lost): the controller restores or names it. Anything else ends the job:
+the agent exits with its training's code (128 + N for a signal N, as a shell reports it), or
 EXIT_PEER_LOST when it stopped its training because of another rank.
 
 The network profile's environment (GPU VMs): when AGENT.json has `network` ({env_script,

@@ -124,6 +124,24 @@ def package_versions(names=("llamafactory", "torch", "deepspeed", "transformers"
     return found
 
 
+def newest_checkpoint(folder):
+    """The newest checkpoint-N folder under the output folder and its size in bytes (the next
+    checkpoint needs as much room), or {} when there is none."""
+    steps = []
+    for entry in os.listdir(folder) if os.path.isdir(folder) else []:
+        if entry.startswith("checkpoint-") and entry[len("checkpoint-") :].isdigit():
+            steps.append(int(entry[len("checkpoint-") :]))
+    if not steps:
+        return {}
+    path = os.path.join(folder, f"checkpoint-{max(steps)}")
+    size = 0
+    for root, _dirs, files in os.walk(path):
+        for name in files:
+            with contextlib.suppress(OSError):
+                size += os.path.getsize(os.path.join(root, name))
+    return {"checkpoint": max(steps), "checkpoint_bytes": size}
+
+
 def connect(name, bind, targets, timeout, disk, gpus=False):
     deadline = time.time() + timeout
     results = [None] * len(targets)
@@ -147,6 +165,7 @@ def connect(name, bind, targets, timeout, disk, gpus=False):
     if disk:
         usage = shutil.disk_usage(disk)
         report["disk"] = {"path": disk, "free": usage.free, "total": usage.total}
+        report["disk"].update(newest_checkpoint(disk))
     if gpus:
         report["gpus"] = count_gpus()
     print(json.dumps(report), flush=True)

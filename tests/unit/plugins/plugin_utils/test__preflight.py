@@ -97,6 +97,19 @@ def test_low_disk_and_gpu_count():
     assert "vm1's container sees 4 GPUs, llamafactory_gpus_per_node is 8" in found[0]["cause"]
 
 
+def test_a_disk_too_small_for_the_next_checkpoint_is_named():
+    data, reports = case("healthy")
+    disk = reports["vm1"]["report"]["disk"]
+    disk.update(checkpoint=40, checkpoint_bytes=disk["free"] + 1)
+    found = verdict(data, reports)
+    assert [f["id"] for f in found] == ["disk-checkpoint"]
+    assert "less than its newest checkpoint (checkpoint-40, " in found[0]["cause"]
+    assert found[0]["cause"].startswith("vm1 has ")
+    assert "save_total_limit" in found[0]["fix"]
+    disk["checkpoint_bytes"] = disk["free"] - 1
+    assert verdict(data, reports) == []
+
+
 def test_a_different_node_answering_is_named():
     data, reports = case("healthy")
     result = reports["vm1"]["report"]["results"][0]

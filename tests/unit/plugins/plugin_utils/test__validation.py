@@ -711,7 +711,7 @@ CATALOGUE += injected("gcp_firewall_network", "lowercase letters", lambda t: "n"
 CATALOGUE += injected("gcp_firewall_tag", "lowercase letters", lambda t: "t" + t)
 CATALOGUE += injected("gcp_firewall_target_tags", "lowercase letters", lambda t: ["t" + t])
 CATALOGUE += injected("llamafactory_gcp_project", "not a GCP project ID", lambda t: "proj" + t)
-CATALOGUE += injected("llamafactory_output_uri", "Example: gs://my-bucket", lambda t: "gs://bkt/" + t)
+CATALOGUE += injected("llamafactory_output_uri", "Example: gs://my-", lambda t: "gs://bkt/" + t)
 # A line break in an env value would add a line to the 0600 env file (the only way the other
 # characters matter: Docker reads --env-file values literally, no shell sees them).
 CATALOGUE += [
