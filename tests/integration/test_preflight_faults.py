@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 import yaml
-from conftest import NODES_RULE, PULL_VARS, put_back, run_playbook
+from conftest import NODES_RULE, OUTPUTS, PULL_VARS, put_back, run_playbook
 
 pytestmark = pytest.mark.cluster  # brings up a local cluster
 
@@ -88,6 +88,32 @@ def test_bridge_networking(train_cluster, tmp_path):
     assert "sends from 172.17." in message
     assert "Fix: set llamafactory_network_mode=host" in message
     assert_nothing_started(vms, "pf-bridge")
+
+
+def test_an_output_bucket_missing_or_not_writable(train_cluster, bucket, tmp_path):
+    """llamafactory_output_uri: a bucket that does not exist, then one the VMs' service account
+    may not write (the box's Cloud Storage denies storage.objects.create): each named with its
+    fix by the preflight, from every node, before any rank starts."""
+    inventory, vms = train_cluster
+    rc, failures, _unreachable = train(
+        inventory, tmp_path / "missing", "pf-bucket", llamafactory_output_uri="gs://no-such-bkt/x"
+    )
+    assert rc != 0
+    assert set(failures) == {"vm0", "vm1"}
+    assert "the bucket gs://no-such-bkt does not exist" in failures["vm1"]
+    assert "gcloud storage buckets create gs://no-such-bkt" in failures["vm1"]
+    assert_nothing_started(vms, "pf-bucket")
+    bucket.deny("*", "storage.objects.create")
+    try:
+        rc, failures, _unreachable = train(inventory, tmp_path / "denied", "pf-bucket", **OUTPUTS)
+    finally:
+        bucket.allow_all()
+    assert rc != 0
+    message = failures["vm0"]
+    assert "this node's service account may not write " in message
+    assert "storage.objects.create" in message
+    assert "--role roles/storage.objectUser" in message
+    assert_nothing_started(vms, "pf-bucket")
 
 
 def test_the_wrong_nic_chosen(train_cluster, test_cluster, nodes_rule, tmp_path):
