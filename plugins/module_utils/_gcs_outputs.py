@@ -229,26 +229,30 @@ class Store:
         return max(steps) if steps else None
 
     def upload_part(self, output_dir, step, node, quiet_s=0):
-        """This node's part of checkpoint-step, then its manifest. Returns the manifest, or
-        None when the folder changed within quiet_s seconds (still being written), changed
-        while it was sent, or went away (the trainer removed an old checkpoint)."""
+        """This node's part of checkpoint-step, then its manifest. Returns (manifest, whether
+        anything was written), or (None, False) when the folder changed within quiet_s seconds
+        (still being written), changed while it was sent, or went away (the trainer removed an
+        old checkpoint)."""
         folder = os.path.join(output_dir, "checkpoint-%d" % step)
         try:
             files = tree(folder)
             newest = max([os.path.getmtime(p) for p in files.values()] or [0])
             if time.time() - newest < quiet_s:
-                return None
+                return None, False
             described = dict((rel, describe(path)) for rel, path in files.items())
-            self.upload_files(
+            sent = self.upload_files(
                 files, described, "checkpoints", "checkpoint-%d" % step, "node-%d" % node
             )
             if described != dict((rel, describe(path)) for rel, path in tree(folder).items()):
-                return None  # changed while it was uploaded: the next pass takes it again
+                return None, False  # changed while it was sent: the next pass takes it again
         except (OSError, IOError):
-            return None
+            return None, False
         manifest = {"step": step, "node": node, "files": described}
-        self.write_json(manifest, "checkpoints", "checkpoint-%d" % step, "node-%d.json" % node)
-        return manifest
+        name = ("checkpoints", "checkpoint-%d" % step, "node-%d.json" % node)
+        if sent or self.read_json(*name) != manifest:
+            self.write_json(manifest, *name)
+            return manifest, True
+        return manifest, False
 
     def mark_complete(self, step, nodes):
         """Write COMPLETE.json when every node's manifest is there and every object matches it.
@@ -386,9 +390,11 @@ def sync_checkpoints(store, output_dir, node, nodes, done, quiet_s=0):
     for step in complete_checkpoints(listing_of(output_dir)):
         if step in done:
             continue
-        if store.upload_part(output_dir, step, node, quiet_s) is not None:
+        manifest, written = store.upload_part(output_dir, step, node, quiet_s)
+        if manifest is not None:
             done.add(step)
-            uploaded.append(step)
+            if written:
+                uploaded.append(step)
     if node == 0:
         for step, entry in sorted(store.checkpoints().items()):
             ready = not entry["complete"] and len(entry["nodes"]) >= nodes

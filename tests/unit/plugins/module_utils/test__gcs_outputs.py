@@ -103,6 +103,9 @@ def test_a_checkpoint_is_complete_only_when_every_node_sent_its_part(emulator, t
     names = sorted(s.listing("checkpoints", "checkpoint-5"))
     assert "node-1/global_step5/zero_pp_rank_1_optim_states.pt" in names
     assert {"node-0.json", "node-1.json", "COMPLETE.json"} <= set(names)
+    # A later pass (a re-run's collect step: nothing in `done`) sends and writes nothing.
+    assert outputs.sync_checkpoints(s, str(nodes[1]), 1, 2, set()) == ([], [])
+    assert outputs.sync_checkpoints(s, str(nodes[0]), 0, 2, set()) == ([], [])
     # A second pass sends nothing: every object matches.
     assert s.upload_files(*_part(nodes[1], 5), "checkpoints", "checkpoint-5", "node-1") == []
 
