@@ -162,7 +162,7 @@ def test_a_stopped_vm_is_started_the_job_resumes_and_the_vms_stop_when_done(
     inventory, vms = train_cluster
     job = "e2e-vm"
     forget_job(vms, job)
-    longer = {"max_steps": 40, "save_steps": 10}
+    longer = {"max_steps": 60, "save_steps": 10}
     outcome = {}
 
     def run():
@@ -176,6 +176,8 @@ def test_a_stopped_vm_is_started_the_job_resumes_and_the_vms_stop_when_done(
             gcp_instances_restart_stopped=True,
             gcp_instances_when_done="stop",
             llamafactory_train_overrides=longer,
+            # Each checkpoint in the bucket within seconds: the VM stops mid-training.
+            gcs_outputs_interval_s=2,
             **OUTPUTS,
         )
 
@@ -215,8 +217,8 @@ def test_a_stopped_vm_is_started_the_job_resumes_and_the_vms_stop_when_done(
         assert f"resuming from checkpoint-{resumed_at} (from the bucket on {vms[1].name})" in text
         log = (tmp_path / "results" / job / "trainer_log.jsonl").read_text().splitlines()
         steps = [json.loads(line)["current_steps"] for line in log if line.strip()]
-        assert steps.count(1) == 1 and steps[-1] == 40  # resumed, not started over
-        again = next(i for i in range(1, len(steps)) if steps[i] <= steps[i - 1])
+        assert steps.count(1) == 1 and steps[-1] == 60  # resumed, not started over
+        again = next(i for i in range(1, len(steps)) if steps[i] < steps[i - 1])
         assert steps[again] == resumed_at + 1  # the first resumed step
         for vm in vms:
             assert box.instance(vm.name)["status"] == "TERMINATED"
@@ -268,7 +270,7 @@ def test_a_stopped_vm_is_started_the_job_resumes_and_the_vms_stop_when_done(
         **OUTPUTS,
     )
     assert rc != 0
-    assert f"job {job} finished: 40 steps" in said(events)  # a finished job, reported at once
+    assert f"job {job} finished: 60 steps" in said(events)  # a finished job, reported at once
     message = failures["vm0"]["msg"]
     assert "not deleted: it lacks the labels that make it this job's own" in message
     assert f"llamafactory-job={job} (has none)" in message
