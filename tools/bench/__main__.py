@@ -266,7 +266,7 @@ def main(argv: list[str] | None = None) -> int:
             bench = runs.BenchCluster(nodes, logs)
             bench.up()
             try:
-                if set(cluster_benches) - {"scale"}:  # the real job, trained once
+                if set(cluster_benches) - {"scale", "outputs"}:  # the real job, trained once
                     bench.ensure_trained(2, runs.BASE_JOB, deadline_s=1800)
                 if "time-to-cause" in selected:
                     runs.time_to_cause(bench, results, args.reps, args.cap)
