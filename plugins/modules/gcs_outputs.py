@@ -151,31 +151,29 @@ SCOPES_FIX = (
 )
 
 
-def _probe(module, store, node):
+def _refusal(store, exc):
+    """What Cloud Storage's refusal means for the job, with the fix."""
     bucket = store.bucket_name
-    try:
-        store.probe(node)
-    except api_exceptions.NotFound:
-        module.fail_json(
-            msg="llamafactory_output_uri: the bucket gs://%s does not exist (or this project "
+    if isinstance(exc, api_exceptions.NotFound):
+        return (
+            "llamafactory_output_uri: the bucket gs://%s does not exist (or this project "
             "cannot see it): create it in the VMs' region, e.g. gcloud storage buckets create "
-            "gs://%s "
-            "--location REGION --uniform-bucket-level-access" % (bucket, bucket)
+            "gs://%s --location REGION --uniform-bucket-level-access" % (bucket, bucket)
         )
-    except api_exceptions.Forbidden as exc:
-        text = str(exc)
-        if "scope" in text.lower():
-            fix = SCOPES_FIX
-        else:
-            fix = (
-                "grant the VMs' service account roles/storage.objectUser on the bucket: gcloud "
-                "storage buckets add-iam-policy-binding gs://%s --member serviceAccount:EMAIL "
-                "--role roles/storage.objectUser" % bucket
-            )
-        module.fail_json(
-            msg="llamafactory_output_uri: this node's service account may not write %s (%s): %s"
-            % (store.uri, text, fix)
+    text = str(exc)
+    if "scope" in text.lower():
+        fix = SCOPES_FIX
+    else:
+        fix = (
+            "grant the VMs' service account roles/storage.objectUser on the bucket: gcloud "
+            "storage buckets add-iam-policy-binding gs://%s --member serviceAccount:EMAIL "
+            "--role roles/storage.objectUser" % bucket
         )
+    return "llamafactory_output_uri: this node's service account may not use %s (%s): %s" % (
+        store.uri,
+        text,
+        fix,
+    )
 
 
 def main():
@@ -215,7 +213,7 @@ def main():
     result = {"changed": False, "uri": store.uri}
     try:
         if state == "probe":
-            _probe(module, store, node)
+            store.probe(node)
         elif state in ("query", "sync"):
             if state == "sync":
                 local = outputs.complete_checkpoints(outputs.listing_of(folder))
