@@ -9,6 +9,11 @@ dataset folder, the DeepSpeed JSON and a local model folder. A path found on the
 (relative paths are taken relative to the YAML's folder) is copied to every node; one that is
 not found is left alone: it names a file inside the image (such as LLaMA-Factory's own
 examples/) or a model on the Hugging Face Hub.
+
+A `model_name_or_path` that is neither on the controller nor on a shared mount and reads as a
+Hub id (ORG/NAME or NAME) is listed in `hub` with its revision (`model_revision`, default
+main): the launch fetches it once into the nodes' Hugging Face cache and the ranks load it
+offline (roles/launch/tasks/hub.yml).
 """
 
 from __future__ import absolute_import, division, print_function
@@ -18,6 +23,7 @@ __metaclass__ = type
 import hashlib
 import json
 import os
+import re
 
 # config key -> name under the job directory
 COPIED_KEYS = (
@@ -26,6 +32,10 @@ COPIED_KEYS = (
     ("dataset_dir", "data"),
     ("deepspeed", "deepspeed.json"),
 )
+# A Hub repository id: ORG/NAME or NAME (huggingface_hub's validate_repo_id, stricter).
+HUB_ID_RE = re.compile(r"^(?:[A-Za-z0-9][A-Za-z0-9._-]{0,95}/)?[A-Za-z0-9][A-Za-z0-9._-]{0,95}$")
+# Options that send LLaMA-Factory to another hub than Hugging Face's.
+OTHER_HUBS = ("use_modelscope_hub", "use_openmind_hub")
 # Files up to this size are hashed by content; larger ones (model weights) by name and size.
 HASH_CONTENT_LIMIT = 64 * 1024 * 1024
 
@@ -64,7 +74,7 @@ def plan(user_config, config_path, job_dir, overrides=None, shared=(), collectiv
             )
     base = os.path.dirname(os.path.abspath(config_path))
     job_dir = job_dir.rstrip("/")
-    copies, notes = [], []
+    copies, notes, hub = [], [], []
     for key, name in COPIED_KEYS:
         value = config.get(key)
         if not isinstance(value, str) or not value:
@@ -77,6 +87,13 @@ def plan(user_config, config_path, job_dir, overrides=None, shared=(), collectiv
             continue
         source = os.path.normpath(os.path.join(base, os.path.expanduser(value)))
         if not os.path.exists(source):
+            repo = hub_repo(key, value, config)
+            if repo:
+                hub.append(repo)
+                notes.append(
+                    "%s %s is a Hugging Face Hub model: fetched once (revision %s) into every "
+                    "node's cache, the ranks load it offline" % (key, value, repo["revision"])
+                )
             if key in ("dataset_dir", "deepspeed"):
                 notes.append(
                     "%s %s is not on the controller: the nodes use it as a path inside the image"
@@ -124,7 +141,19 @@ def plan(user_config, config_path, job_dir, overrides=None, shared=(), collectiv
         "notes": notes,
         "warnings": warnings,
         "digest": digest.hexdigest()[:16],
+        "hub": hub,
     }
+
+
+def hub_repo(key, value, config):
+    """{key, repo_id, repo_type, revision} when the config's `key` names a Hugging Face Hub
+    model (not found on the controller, not a path, no other hub asked for), else None."""
+    if key != "model_name_or_path" or not HUB_ID_RE.match(value) or value in (".", ".."):
+        return None
+    if any(str(config.get(option)).lower() == "true" for option in OTHER_HUBS):
+        return None
+    revision = config.get("model_revision") or "main"
+    return {"key": key, "repo_id": value, "repo_type": "model", "revision": str(revision)}
 
 
 def _check_json(path, key):
