@@ -8,7 +8,7 @@ from pathlib import Path
 
 import ansible_run
 import pytest
-from localcluster import box_api, cluster, registry, spec, train_image
+from localcluster import box_api, cluster, hub_double, registry, spec, train_image
 
 ROOT = ansible_run.ROOT
 
@@ -222,6 +222,30 @@ def follow_restarts(test_cluster, vms):
         node.update(fresh[node["name"]])
     for vm in vms:
         vm.node.update(fresh[vm.name])
+
+
+# The demo's tiny model as a Hub repository of the session's Hub double.
+HUB_MODEL = "hostnet-box/tiny-llama"
+# A fixed port (on the cluster's own gateway address): the endpoint is part of the job's env.
+HUB_PORT = 18080
+
+
+def start_hub_double(definition: spec.ClusterSpec, **options) -> hub_double.HubDouble:
+    """The Hub double on the cluster's VPC gateway (the host's address on the VMs' network),
+    serving the demo's tiny model as HUB_MODEL."""
+    options.setdefault("port", HUB_PORT)
+    double = hub_double.HubDouble(definition.networks["vpc"].gateway, **options).start()
+    model = cluster.cache_dir() / "assets" / "model"
+    double.add_repo(HUB_MODEL, {p.name: p for p in sorted(model.iterdir()) if p.is_file()})
+    return double
+
+
+@pytest.fixture(scope="session")
+def hub(train_cluster, test_cluster):
+    """The session cluster's Hub double (after train_cluster: the assets exist)."""
+    double = start_hub_double(test_cluster[0])
+    yield double
+    double.stop()
 
 
 @pytest.fixture(scope="session")

@@ -13,6 +13,7 @@ import time
 
 import pytest
 from conftest import (
+    HUB_MODEL,
     JOBS,
     NODES_RULE,
     PULL_VARS,
@@ -42,20 +43,39 @@ def trainer_steps(vm, job):
     return [record["current_steps"] for record in trainer_log(vm, job)]
 
 
+# e2e's base model comes from the Hub double (fetched once on vm0, copied to vm1): every run
+# of e2e gives the same settings.
+HUB_OVERRIDES = {"model_name_or_path": HUB_MODEL}
+
+
+def hub_vars(hub, **overrides):
+    return {
+        "llamafactory_train_overrides": {**HUB_OVERRIDES, **overrides},
+        "llamafactory_hf_endpoint": hub.url,
+    }
+
+
 def changed(stats):
     return {host: count for host, count in (stats.get("changed") or {}).items() if count}
 
 
 @pytest.fixture(scope="module")
-def e2e(train_cluster, box, tmp_path_factory):
-    """The demo's job from a project without the rule between the nodes (as ./dev demo starts)."""
+def e2e(train_cluster, box, hub, tmp_path_factory):
+    """The demo's job from a project without the rule between the nodes (as ./dev demo starts),
+    its base model from the Hub (the box's double)."""
     inventory, vms = train_cluster
     if box.rule(NODES_RULE) is not None:  # made by an earlier test of the session
         box.delete_rule(NODES_RULE)
+    for vm in vms:  # a kept cluster's earlier session fetched it already
+        vm.sh("rm -rf /var/lib/llamafactory/hf-cache/hub/models--hostnet-box--tiny-llama")
     tmp = tmp_path_factory.mktemp("e2e")
+    hub.reset()
     started = time.monotonic()
-    rc, stats, failures, events = play(inventory, tmp / "first", "e2e")
+    rc, stats, failures, events = play(inventory, tmp / "first", "e2e", **hub_vars(hub))
+    requests = list(hub.requests)
     return {
+        "hub": hub,
+        "hub_requests": requests,
         "rc": rc,
         "stats": stats,
         "failures": failures,
@@ -127,6 +147,35 @@ def test_the_rank_environment_names_the_vpc_and_each_nodes_nic(e2e):
         assert f"deepspeed: {JOBS}/e2e/deepspeed.json" in config
 
 
+def test_the_hub_model_is_downloaded_once_and_the_ranks_load_it_offline(e2e):
+    """vm0 downloaded the model (one request per file), vm1 copied it from vm0, both hold the
+    same snapshot in huggingface_hub's layout, and the ranks ran with HF_HUB_OFFLINE=1."""
+    assert e2e["rc"] == 0, e2e["failures"]
+    files = e2e["hub"].repos[HUB_MODEL].files
+    gets = sorted(
+        r.path.rsplit("/", 1)[1]
+        for r in e2e["hub_requests"]
+        if r.method == "GET" and "/resolve/" in r.path
+    )
+    assert gets == sorted(files)  # each file once, whatever the node count
+    api = [r.path for r in e2e["hub_requests"] if r.path.startswith("/api/")]
+    assert len(api) == 2, api  # the revision's info and its tree, once
+    commit = e2e["hub"].repos[HUB_MODEL].commit
+    folder = "/var/lib/llamafactory/hf-cache/hub/models--hostnet-box--tiny-llama"
+    sums = []
+    for vm in e2e["vms"]:
+        assert vm.sh(f"cat {folder}/refs/main").stdout.strip() == commit
+        sums.append(vm.sh(f"cd {folder}/snapshots/{commit} && sha256sum -- *").stdout)
+        env = vm.sh(f"cat {JOBS}/e2e/env").stdout.splitlines()
+        assert "HF_HUB_OFFLINE=1" in env and "HF_HOME=/root/.cache/huggingface" in env
+        config = vm.sh(f"cat {JOBS}/e2e/config.yaml").stdout
+        assert f"model_name_or_path: {HUB_MODEL}" in config
+    assert sums[0] == sums[1] and len(sums[0].splitlines()) == len(files)
+    shown = "\n".join(event.get("stdout", "") for event in e2e["events"])
+    assert f"[vm0] downloading {HUB_MODEL} from the Hub" in shown
+    assert f"[vm1] copying {HUB_MODEL} from http://{e2e['vms'][0].node['vpc_address']}:" in shown
+
+
 def test_results_and_the_adapter_reach_the_controller(e2e):
     """The adapter itself, byte for byte what rank 0 wrote (its SHA-256 on the node)."""
     results = e2e["tmp"] / "results" / "e2e"
@@ -166,7 +215,11 @@ def test_a_second_run_changes_nothing(e2e):
     of the other ranks), and the judgment reads every node's report."""
     vm0, vm1 = e2e["vms"]
     before = [container(vm, "e2e") for vm in (vm0, vm1)]
-    rc, stats, failures, events = play(e2e["inventory"], e2e["tmp"] / "second", "e2e", forks=1)
+    e2e["hub"].reset()
+    rc, stats, failures, events = play(
+        e2e["inventory"], e2e["tmp"] / "second", "e2e", forks=1, **hub_vars(e2e["hub"])
+    )
+    assert e2e["hub"].requests == []  # nothing asked of the Hub
     assert rc == 0, failures
     assert changed(stats) == {}
     waited = [
@@ -230,7 +283,9 @@ def test_a_rule_widened_or_deleted_behind_its_back_is_put_back(e2e, box):
     )
     before = [container(vm, "e2e")["Id"] for vm in (vm0, vm1)]
     box.patch_rule(NODES_RULE, {"sourceRanges": [*made["sourceRanges"], "0.0.0.0/0"]})
-    rc, stats, failures, _events = play(e2e["inventory"], e2e["tmp"] / "widened", "e2e")
+    rc, stats, failures, _events = play(
+        e2e["inventory"], e2e["tmp"] / "widened", "e2e", **hub_vars(e2e["hub"])
+    )
     assert rc == 0, failures
     assert set(changed(stats)) == {"vm0"}  # the firewall role runs once, for the job
     assert sorted(box.rule(NODES_RULE)["sourceRanges"]) == sorted(made["sourceRanges"])
@@ -241,7 +296,9 @@ def test_a_rule_widened_or_deleted_behind_its_back_is_put_back(e2e, box):
     assert vm1.connect(vm0.node["vpc_address"], port) == "refused"
     box.delete_rule(NODES_RULE)
     assert vm1.connect(vm0.node["vpc_address"], port) == "timeout"
-    rc, stats, failures, _events = play(e2e["inventory"], e2e["tmp"] / "deleted", "e2e")
+    rc, stats, failures, _events = play(
+        e2e["inventory"], e2e["tmp"] / "deleted", "e2e", **hub_vars(e2e["hub"])
+    )
     assert rc == 0, failures
     assert set(changed(stats)) == {"vm0"}
     assert box.rule(NODES_RULE)["sourceRanges"] == made["sourceRanges"]
@@ -256,7 +313,7 @@ def test_a_changed_job_is_refused_and_left_alone(e2e):
         e2e["inventory"],
         e2e["tmp"] / "changed",
         "e2e",
-        llamafactory_train_overrides={"learning_rate": 0.002},
+        **hub_vars(e2e["hub"], learning_rate=0.002),
     )
     assert rc != 0
     assert "launch_restart_on_change=true" in failures["vm0"]["msg"]

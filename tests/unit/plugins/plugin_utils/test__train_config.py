@@ -122,11 +122,45 @@ def test_a_hub_model_and_paths_inside_the_image_are_left_alone(tmp_path):
     assert rendered["dataset_dir"] == "data"
     assert rendered["deepspeed"] == "examples/deepspeed/ds_z3_config.json"
     assert result["notes"] == [
+        "model_name_or_path meta-llama/Meta-Llama-3-8B-Instruct is a Hugging Face Hub model: "
+        "fetched once (revision main) into every node's cache, the ranks load it offline",
         "dataset_dir data is not on the controller: the nodes use it as a path inside the image",
         "deepspeed examples/deepspeed/ds_z3_config.json is not on the controller: the nodes use "
         "it as a path inside the image",
     ]
     assert rendered["output_dir"] == f"{JOB}/output"
+
+
+def test_a_hub_model_is_listed_to_fetch_with_its_revision(tmp_path):
+    path = tmp_path / "train.yaml"
+    config = {"model_name_or_path": "meta-llama/Meta-Llama-3-8B-Instruct", "stage": "sft"}
+    assert plan(config, str(path), JOB)["hub"] == [
+        {
+            "key": "model_name_or_path",
+            "repo_id": "meta-llama/Meta-Llama-3-8B-Instruct",
+            "repo_type": "model",
+            "revision": "main",
+        }
+    ]
+    config["model_revision"] = "v1.0"
+    assert plan(config, str(path), JOB)["hub"][0]["revision"] == "v1.0"
+    assert (
+        plan(dict(config, model_name_or_path="gpt2"), str(path), JOB)["hub"][0]["repo_id"] == "gpt2"
+    )
+
+
+@pytest.mark.parametrize(
+    "value, other",
+    [
+        ("/opt/models/llama", {}),  # a path inside the image
+        ("models/a/b", {}),  # a relative path, not an id
+        ("./model", {}),
+        ("qwen/Qwen2-7B", {"use_modelscope_hub": True}),  # another hub
+    ],
+)
+def test_paths_and_other_hubs_are_not_fetched(tmp_path, value, other):
+    config = {"model_name_or_path": value, "stage": "sft", **other}
+    assert plan(config, str(tmp_path / "train.yaml"), JOB)["hub"] == []
 
 
 def test_overrides_apply_before_the_paths_are_resolved(project, tmp_path_factory):
