@@ -226,15 +226,12 @@ def follow_restarts(test_cluster, vms):
 
 # The demo's tiny model as a Hub repository of the session's Hub double.
 HUB_MODEL = "hostnet-box/tiny-llama"
-# A fixed port (on the cluster's own gateway address): the endpoint is part of the job's env.
-HUB_PORT = 18080
 
 
 def start_hub_double(definition: spec.ClusterSpec, **options) -> hub_double.HubDouble:
     """The Hub double on the cluster's VPC gateway (the host's address on the VMs' network),
     serving the demo's tiny model as HUB_MODEL."""
-    options.setdefault("port", HUB_PORT)
-    double = hub_double.HubDouble(definition.networks["vpc"].gateway, **options).start()
+    double = hub_double.on_cluster(definition, **options)
     model = cluster.cache_dir() / "assets" / "model"
     double.add_repo(HUB_MODEL, {p.name: p for p in sorted(model.iterdir()) if p.is_file()})
     return double

@@ -6,7 +6,7 @@ gated model without a token is named with its fix. The 2-VM case is test_launch.
 (trained from the Hub model, offline)."""
 
 import pytest
-from conftest import HUB_MODEL, VM, run_playbook, start_hub_double
+from conftest import HUB_MODEL, ROOT, VM, run_playbook, start_hub_double
 from localcluster import cluster, spec, train_image
 
 pytestmark = pytest.mark.cluster  # brings up a local cluster
@@ -59,6 +59,8 @@ def fetch(hub_cluster, tmp_path, model=HUB_MODEL, check=False, **extra):
         check=check,
         extravars={
             "llamafactory_job": "hub8",
+            # group_vars find it from playbooks/, this playbook is elsewhere
+            "llamafactory_config": str(ROOT / "examples/local-demo/llama3_lora_sft_ds3.yaml"),
             "llamafactory_image": image,
             "llamafactory_pull": "never",
             "llamafactory_hf_endpoint": double.url,

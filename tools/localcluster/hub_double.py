@@ -374,3 +374,14 @@ class HubDouble:
                 return status
 
         return Handler
+
+
+# A fixed port on the cluster's own gateway address: the endpoint is part of a job's env, so a
+# kept cluster's next session finds the same one.
+PORT = 18080
+
+
+def on_cluster(definition, port: int = PORT, rate: float | None = None) -> HubDouble:
+    """The double, started, on the cluster's VPC gateway (the host's address on the VMs'
+    network, which every VM reaches)."""
+    return HubDouble(definition.networks["vpc"].gateway, port, rate).start()
