@@ -33,7 +33,7 @@ class ActionModule(ActionBase):
         result = super(ActionModule, self).run(tmp, task_vars)
         self._task_vars = task_vars
         args = dict(self._task.args)
-        action = args.get("action")
+        action = args.get("step")
         phase = args.get("phase", "start")
         if action == "look" or phase != "start":
             return self._finish(result, self._call(args))

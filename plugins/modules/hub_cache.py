@@ -31,7 +31,7 @@ description:
 author:
   - hostnet.llamafactory contributors (@hostnet)
 options:
-  action:
+  step:
     description: What to do (see the description).
     type: str
     choices: [look, download, serve, pull]
@@ -101,7 +101,7 @@ notes:
 EXAMPLES = r"""
 - name: Look for the model in the node's cache
   hostnet.llamafactory.hub_cache:
-    action: look
+    step: look
     cache: /var/lib/llamafactory/hf-cache/hub
     repos:
       - key: model_name_or_path
@@ -112,7 +112,7 @@ EXAMPLES = r"""
 
 - name: Download it on rank 0's node (progress every 30 s)
   hostnet.llamafactory.hub_cache:
-    action: download
+    step: download
     cache: /var/lib/llamafactory/hf-cache/hub
     repos: "{{ found.repos_wanted }}"
     work: /var/lib/llamafactory/jobs/llama3/hub
@@ -123,15 +123,15 @@ EXAMPLES = r"""
 RETURN = r"""
 repos:
   description: V(look) - per key, C(complete), C(commit), C(bytes), C(folder) and C(why) not.
-  returned: action=look
+  returned: step=look
   type: dict
 complete:
   description: V(look) - every repository is complete on this node.
-  returned: action=look
+  returned: step=look
   type: bool
 state:
   description: The step's state (V(downloading), V(serving), V(pulling), V(done), V(failed)...).
-  returned: action is not look
+  returned: step is not look
   type: str
 kind:
   description: Why it failed (V(not-found), V(gated), V(revision), V(token), V(unreachable),
@@ -204,8 +204,10 @@ def alive(pid):
         return True
 
 
-def container_name(repo, action):
-    return "llamafactory-hub-%s-%s" % (action, repo["key"].replace("_", "-"))
+def container_name(params, repo, action):
+    """The download's container: one per job (the job's folder holds `work`) and repository."""
+    job = os.path.basename(os.path.dirname(os.path.normpath(params["work"])))
+    return "llamafactory-hub-%s-%s-%s" % (action, job, repo["key"].replace("_", "-"))
 
 
 def state_path(params, repo, action):
@@ -257,7 +259,7 @@ def start(module, params, repo, action):
 
 def start_download(module, params, repo, path):
     docker = DockerAPI(params["docker_socket"])
-    name = container_name(repo, "download")
+    name = container_name(params, repo, "download")
     args = {
         "repo_id": repo["repo_id"],
         "repo_type": repo.get("repo_type") or "model",
@@ -308,7 +310,7 @@ def poll(module, params, repo, action):
     if action == "download":
         docker = DockerAPI(params["docker_socket"])
         try:
-            info = docker.inspect_container(container_name(repo, action))
+            info = docker.inspect_container(container_name(params, repo, action))
         except DockerError as exc:
             module.fail_json(msg="cannot look at the download's container: %s" % exc)
         running = bool(info and info["State"]["Running"])
@@ -319,7 +321,7 @@ def poll(module, params, repo, action):
                 logs = ""
                 with contextlib.suppress(DockerError):
                     logs = docker.container_logs(
-                        container_name(repo, action), tail=20, timestamps=False
+                        container_name(params, repo, action), tail=20, timestamps=False
                     )
                 record.update(
                     state="failed",
@@ -328,7 +330,9 @@ def poll(module, params, repo, action):
                     % "".join(logs)[-1500:],
                 )
         if not running and info is not None and record.get("state") == "done":
-            docker.delete("/containers/%s" % container_name(repo, action), query={"force": "true"})
+            docker.delete(
+                "/containers/%s" % container_name(params, repo, action), query={"force": "true"}
+            )
     else:
         started = hub.read_json(path + ".pid") or {}
         pid = record.get("pid") or started.get("pid")
@@ -356,7 +360,7 @@ def stop(module, params, repo, action):
         docker = DockerAPI(params["docker_socket"])
         try:
             stopped = docker.delete(
-                "/containers/%s" % container_name(repo, action), query={"force": "true"}
+                "/containers/%s" % container_name(params, repo, action), query={"force": "true"}
             )
         except DockerError as exc:
             module.fail_json(msg="cannot remove the download's container: %s" % exc)
@@ -373,7 +377,7 @@ def stop(module, params, repo, action):
 def main():
     module = AnsibleModule(
         argument_spec=dict(
-            action=dict(type="str", choices=["look", "download", "serve", "pull"], required=True),
+            step=dict(type="str", choices=["look", "download", "serve", "pull"], required=True),
             phase=dict(type="str", choices=["start", "poll", "stop"], default="start"),
             cache=dict(type="path", required=True),
             repos=dict(type="list", elements="dict", required=True),
@@ -390,18 +394,18 @@ def main():
             docker_socket=dict(type="path", default="/var/run/docker.sock"),
         ),
         required_if=[
-            ("action", "download", ("work", "image")),
-            ("action", "serve", ("work", "address", "port")),
-            ("action", "pull", ("work", "source")),
+            ("step", "download", ("work", "image")),
+            ("step", "serve", ("work", "address", "port")),
+            ("step", "pull", ("work", "source")),
         ],
         supports_check_mode=True,
     )
     params = module.params
-    if params["action"] == "look":
+    if params["step"] == "look":
         look(module, params)
     repo = params["repos"][0]
     phases = {"start": start, "poll": poll, "stop": stop}
-    phases[params["phase"]](module, params, repo, params["action"])
+    phases[params["phase"]](module, params, repo, params["step"])
 
 
 if __name__ == "__main__":
