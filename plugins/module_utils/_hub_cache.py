@@ -27,17 +27,12 @@ import re
 import socket
 import threading
 import time
+from http.server import BaseHTTPRequestHandler, HTTPServer
+from socketserver import ThreadingMixIn
+from urllib.error import HTTPError, URLError
+from urllib.parse import quote, unquote
 
-try:
-    from http.server import BaseHTTPRequestHandler, HTTPServer
-    from socketserver import ThreadingMixIn
-    from urllib.error import HTTPError, URLError
-    from urllib.parse import quote, unquote
-    from urllib.request import Request, urlopen
-except ImportError:  # Python 2 (ansible-test's import checks only)
-    BaseHTTPRequestHandler = HTTPServer = ThreadingMixIn = object
-    HTTPError = URLError = Exception
-    quote = unquote = Request = urlopen = None
+from ansible.module_utils.urls import open_url
 
 MANIFEST_DIR = "hostnet"
 SHA256_RE = re.compile(r"^[0-9a-f]{64}$")
@@ -256,7 +251,7 @@ def serve(folder, revision, address, port, state_path, seconds, idle=IDLE_S):
 
 
 def _open(url, timeout, headers=None):
-    return urlopen(Request(url, headers=headers or {}), timeout=timeout)
+    return open_url(url, headers=headers or {}, timeout=timeout, use_proxy=False)
 
 
 def _fetch_file(source, entry, folder, timeout, progress):

@@ -91,9 +91,10 @@ options:
 attributes:
   check_mode:
     support: full
-    details: V(look) runs; the others report what they would do and change nothing.
+    description: V(look) runs; the others report what they would do and change nothing.
   diff_mode:
     support: none
+    description: No diff.
 notes:
   - One repository per call for V(download), V(serve) and V(pull) (the first of O(repos)).
 """

@@ -1,4 +1,3 @@
-#!/usr/bin/env python3
 # Copyright: hostnet.llamafactory contributors
 # GNU General Public License v3.0+ (see LICENSE or https://www.gnu.org/licenses/gpl-3.0.txt)
 """Download one Hugging Face Hub repository into the node's cache, once, with the image's own
