@@ -1400,5 +1400,7 @@ def hub_fetch(results: Results, reps: int, logs: Path, keep: bool = False) -> No
                     say(f"{label}: {figures}")
     finally:
         double.stop()
+        for path in Path(definition.inventory).parent.glob(f"{HUB_CLUSTER}-n*.yml"):
+            path.unlink()  # the inventories cut from the cluster's (_static_inventory)
         if not keep:
             cluster.down(definition)
