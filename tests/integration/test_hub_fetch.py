@@ -2,8 +2,8 @@
 playbooks/hub_fetch.yml: the fetch alone, no training): rank 0's node downloads it from the
 box's Hub double with huggingface_hub, the 7 others copy it from rank 0 over the VPC; the
 double counts one download per file; a re-run asks the Hub nothing and changes nothing, nor
-does check mode; a gated model without a token is named with its fix. The 2-VM case is test_launch.py's e2e
-(trained from the Hub model, offline)."""
+does check mode; a gated model without a token is named with its fix. The 2-VM case is
+test_launch.py's e2e (trained from the Hub model, offline)."""
 
 import pytest
 from conftest import HUB_MODEL, ROOT, VM, run_playbook, start_hub_double
