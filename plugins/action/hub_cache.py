@@ -41,7 +41,8 @@ class ActionModule(ActionBase):
         if started.get("failed") or started.get("unreachable") or started.get("state") == "check":
             return self._finish(result, started)
         host = task_vars["inventory_hostname"]
-        repo = args["repos"][0]["repo_id"]
+        first = args["repos"][0]
+        repo = ("dataset " if first.get("repo_type") == "dataset" else "") + first["repo_id"]
         timeout = float(args.get("timeout", 3600))
         interval = float(args.get("interval", 1))
         every = float(args.get("progress_every", 30))
@@ -98,9 +99,10 @@ class ActionModule(ActionBase):
                 )
                 return result
             if state.get("state") == "serving":
+                names = ", ".join(r["repo_id"] for r in args["repos"])
                 display.display(
                     "[%s] serving %s to the other nodes on %s:%s"
-                    % (host, repo, args["address"], args["port"])
+                    % (host, names, args["address"], args["port"])
                 )
                 return self._finish(result, dict(state, changed=False))
             time.sleep(0.3)

@@ -128,7 +128,7 @@ def complete(folder, revision):
         if not os.path.isfile(path) or os.path.getsize(path) != entry["size"]:
             return False, "%s is missing or incomplete" % entry["path"]
     for link in manifest.get("links") or []:
-        if not os.path.isfile(os.path.join(folder, _safe(link["path"]))):
+        if not os.path.exists(os.path.join(folder, _safe(link["path"]))):
             return False, "%s is missing" % link["path"]
     return True, manifest
 
@@ -158,14 +158,20 @@ class _Server(ThreadingMixIn, HTTPServer):
     allow_reuse_address = True
 
 
-def make_server(folder, revision, address, port, counters=None):
-    """An HTTP server for one repository folder: GET /manifest (the manifest) and GET
-    /file/PATH (a file the manifest lists, with Range). Nothing else is served."""
-    manifest = read_manifest(folder, revision)
-    if not manifest:
-        raise HubCacheError("no complete copy of the repository in %s to serve" % folder)
-    listed = dict((f["path"], f) for f in manifest["files"])
-    body = json.dumps(manifest).encode("utf-8")
+def make_server(repos, address, port, counters=None):
+    """An HTTP server of repository folders, `repos` {folder: revision}: for each, GET
+    /NAME/manifest (its manifest) and GET /NAME/file/PATH (a file the manifest lists, with
+    Range), NAME the folder's name (``models--ORG--NAME``). Nothing else is served."""
+    served = {}
+    for folder, revision in repos.items():
+        manifest = read_manifest(folder, revision)
+        if not manifest:
+            raise HubCacheError("no complete copy of the repository in %s to serve" % folder)
+        served[os.path.basename(os.path.normpath(folder))] = (
+            folder,
+            json.dumps(manifest).encode("utf-8"),
+            dict((f["path"], f) for f in manifest["files"]),
+        )
     counters = counters if counters is not None else {}
     lock = threading.Lock()
 
@@ -177,13 +183,18 @@ def make_server(folder, revision, address, port, counters=None):
 
         def do_GET(self):
             counters["last"] = time.time()
-            if self.path == "/manifest":
-                self._send(200, body, "application/json")
-                return
-            if not self.path.startswith("/file/"):
+            name, _slash, rest = self.path.lstrip("/").partition("/")
+            if name not in served:
                 self._send(404, b"not found", "text/plain")
                 return
-            relative = unquote(self.path[len("/file/") :])
+            folder, body, listed = served[name]
+            if rest == "manifest":
+                self._send(200, body, "application/json")
+                return
+            if not rest.startswith("file/"):
+                self._send(404, b"not found", "text/plain")
+                return
+            relative = unquote(rest[len("file/") :])
             entry = listed.get(relative)
             if entry is None:
                 self._send(404, b"not listed", "text/plain")
@@ -222,13 +233,14 @@ def make_server(folder, revision, address, port, counters=None):
     return _Server((address, port), Handler)
 
 
-def serve(folder, revision, address, port, state_path, seconds, idle=IDLE_S):
-    """Serve the folder until `seconds` pass, nothing was asked for `idle` seconds, or the
-    process is stopped, recording the state (listening, bytes sent) in state_path."""
+def serve(repos, address, port, state_path, seconds, idle=IDLE_S):
+    """Serve the repository folders ({folder: revision}) until `seconds` pass, nothing was
+    asked for `idle` seconds, or the process is stopped, recording the state (listening, bytes
+    sent) in state_path."""
     counters = {"last": time.time()}
     state = {"state": "starting", "pid": os.getpid(), "address": address, "port": port}
     try:
-        server = make_server(folder, revision, address, port, counters)
+        server = make_server(repos, address, port, counters)
     except (HubCacheError, OSError, socket.error) as exc:
         state.update(state="failed", kind="serve", error=str(exc))
         write_json(state_path, state)
@@ -303,8 +315,8 @@ def _fetch_file(source, entry, folder, timeout, progress):
 
 
 def pull(source, folder, revision, state_path, timeout=60):
-    """Copy the repository folder from `source` (http://ADDRESS:PORT, another node's serve())
-    into `folder`: the files, then the links, the ref and the manifest last."""
+    """Copy the repository folder from `source` (http://ADDRESS:PORT/NAME, another node's
+    serve()) into `folder`: the files, then the links, the ref and the manifest last."""
     state = {"state": "pulling", "pid": os.getpid(), "source": source, "received": 0, "total": None}
     shown = [0.0]
 

@@ -151,6 +151,7 @@ total:
 
 import contextlib
 import os
+import re
 import signal
 import time
 
@@ -208,10 +209,14 @@ def alive(pid):
 def container_name(params, repo, action):
     """The download's container: one per job (the job's folder holds `work`) and repository."""
     job = os.path.basename(os.path.dirname(os.path.normpath(params["work"])))
-    return "llamafactory-hub-%s-%s-%s" % (action, job, repo["key"].replace("_", "-"))
+    key = re.sub(r"[^a-z0-9.-]+", "-", repo["key"].lower())
+    return "llamafactory-hub-%s-%s-%s" % (action, job, key)
 
 
 def state_path(params, repo, action):
+    """The step's state file (one server for every repository)."""
+    if action == "serve":
+        return os.path.join(params["work"], "serve.json")
     return os.path.join(params["work"], "%s-%s.json" % (action, repo["key"]))
 
 
@@ -236,19 +241,21 @@ def start(module, params, repo, action):
     if not os.path.isdir(params["work"]):
         os.makedirs(params["work"], 0o700)
     path = state_path(params, repo, action)
+    before = (hub.read_json(path) or {}).get("pid") or (hub.read_json(path + ".pid") or {}).get(
+        "pid"
+    )
+    if action != "download" and before and alive(before):  # an earlier run's, left over
+        os.kill(int(before), signal.SIGTERM)
+        time.sleep(0.5)
     if os.path.exists(path):
         os.remove(path)
     folder = folder_of(params, repo)
     if action == "download":
         start_download(module, params, repo, path)
     if action == "serve":
-        record = hub.read_json(path) or {}
-        if record.get("state") == "serving" and alive(record.get("pid")):
-            module.exit_json(changed=False, **record)
+        repos = dict((folder_of(params, r), r["revision"]) for r in params["repos"])
         pid = spawn(
-            lambda: hub.serve(
-                folder, repo["revision"], params["address"], params["port"], path, params["timeout"]
-            )
+            lambda: hub.serve(repos, params["address"], params["port"], path, params["timeout"])
         )
     else:
         if not os.path.isdir(folder):

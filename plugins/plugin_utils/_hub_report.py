@@ -37,21 +37,25 @@ def failure(action, repo, endpoint, state, host):
     """The message of a failed download, copy or server: what failed, the error, the fix."""
     name = repo["repo_id"]
     revision = repo.get("revision") or "main"
+    dataset = repo.get("repo_type") == "dataset"
+    # Where the config names it: the fix points there.
+    named = "hf_hub_url in dataset_info.json" if dataset else "model_name_or_path"
     where = endpoint or DEFAULT_ENDPOINT
     kind = state.get("kind") or "failed"
     error = state.get("error") or "no detail"
     fixes = {
         "not-found": (
-            "%s (model_name_or_path) is not a model on the Hub at %s, or it is private and "
-            "llamafactory_hf_token cannot see it. Fix: check the id (ORG/NAME, as on the model's "
+            "%s (%s) is not a %s on the Hub at %s, or it is private and "
+            "llamafactory_hf_token cannot see it. Fix: check the id (ORG/NAME, as on its "
             "page), give a token that can read it (llamafactory_hf_token, vaulted), or point "
-            "model_name_or_path at a folder on the controller" % (name, where)
+            "%s at files on the controller"
+            % (name, named, "dataset" if dataset else "model", where, named)
         ),
         "gated": (
             "%s is gated: its files need a token of an account that accepted its licence. Fix: "
-            "accept the licence on the model's page (%s/%s) and set llamafactory_hf_token to a "
+            "accept the licence on its page (%s/%s%s) and set llamafactory_hf_token to a "
             "token of that account (ansible-vault; it is written to a 0600 file only)"
-            % (name, where.rstrip("/"), name)
+            % (name, where.rstrip("/"), "datasets/" if dataset else "", name)
         ),
         "revision": (
             "%s has no revision %r (model_revision in the training config). Fix: give a branch, "
@@ -82,8 +86,9 @@ def failure(action, repo, endpoint, state, host):
         "copy": "the copy of %s on %s was refused. Fix: run again (a partial copy resumes)"
         % (name, host),
     }
-    what = {"download": "downloading %s" % name, "pull": "copying %s to %s" % (name, host)}.get(
-        action, "serving %s" % name
+    label = ("dataset " if dataset else "") + name
+    what = {"download": "downloading %s" % label, "pull": "copying %s to %s" % (label, host)}.get(
+        action, "serving %s" % label
     )
     fix = fixes.get(kind) or (
         "Fix: read the error; a run again resumes the download (llamafactory_hub_fetch: never "

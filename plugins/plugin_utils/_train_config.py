@@ -13,7 +13,11 @@ examples/) or a model on the Hugging Face Hub.
 A `model_name_or_path` that is neither on the controller nor on a shared mount and reads as a
 Hub id (ORG/NAME or NAME) is listed in `hub` with its revision (`model_revision`, default
 main): the launch fetches it once into the nodes' Hugging Face cache and the ranks load it
-offline (roles/launch/tasks/hub.yml).
+offline (roles/launch/tasks/hub.yml). So are the datasets the config uses whose entry in a
+dataset_dir copied from the controller names `hf_hub_url`: the nodes then read a rewritten
+dataset_info.json (`files`, in JOB/dataset_info) that points them at the fetched snapshot and
+every other entry's file at its copy. `hub_offline` says whether the ranks can run offline
+(not with dataset_dir ONLINE or REMOTE:, which name Hub datasets the launch does not fetch).
 """
 
 from __future__ import absolute_import, division, print_function
@@ -34,6 +38,8 @@ COPIED_KEYS = (
 )
 # A Hub repository id: ORG/NAME or NAME (huggingface_hub's validate_repo_id, stricter).
 HUB_ID_RE = re.compile(r"^(?:[A-Za-z0-9][A-Za-z0-9._-]{0,95}/)?[A-Za-z0-9][A-Za-z0-9._-]{0,95}$")
+# The ranks' HF_HOME (roles/llamafactory/vars/main.yml), where the fetched repositories are.
+RANK_HF_HOME = "/root/.cache/huggingface"
 # Options that send LLaMA-Factory to another hub than Hugging Face's.
 OTHER_HUBS = ("use_modelscope_hub", "use_openmind_hub")
 # Files up to this size are hashed by content; larger ones (model weights) by name and size.
@@ -105,6 +111,7 @@ def plan(user_config, config_path, job_dir, overrides=None, shared=(), collectiv
         dest = "%s/%s" % (job_dir, name)
         copies.append({"key": key, "src": source, "dest": dest, "directory": os.path.isdir(source)})
         config[key] = dest
+    files, hub_offline = _hub_datasets(config, copies, job_dir, hub, notes)
     if config.get("output_dir") not in (None, "%s/output" % job_dir):
         notes.append(
             "output_dir %s becomes %s/output on every node" % (config.get("output_dir"), job_dir)
@@ -142,7 +149,82 @@ def plan(user_config, config_path, job_dir, overrides=None, shared=(), collectiv
         "warnings": warnings,
         "digest": digest.hexdigest()[:16],
         "hub": hub,
+        "hub_offline": hub_offline,
+        "files": files,
     }
+
+
+def _names(value):
+    return [n.strip() for n in value.split(",") if n.strip()] if isinstance(value, str) else []
+
+
+def snapshot_link(repo_id, repo_type, revision):
+    """The ranks' path of a fetched repository's snapshot (a link the fetch makes beside its
+    manifest: roles/launch/files/hub_download.py)."""
+    folder = "%ss--%s" % (repo_type, repo_id.replace("/", "--"))
+    return "%s/hub/%s/hostnet/%s.snapshot" % (RANK_HF_HOME, folder, revision.replace("/", "%2F"))
+
+
+def _hub_datasets(config, copies, job_dir, hub, notes):
+    """(files, offline): the Hub datasets of a dataset_dir copied from the controller added to
+    `hub`, and the rewritten dataset_info.json the nodes read instead (config's dataset_dir and,
+    unless set, media_dir changed); whether the ranks can run offline."""
+    where = str(config.get("dataset_dir") or "")
+    if where.upper() == "ONLINE" or where.startswith("REMOTE:"):
+        notes.append(
+            "dataset_dir %s names datasets on the Hub by name: the ranks download them "
+            "themselves (not offline)" % where
+        )
+        return [], False
+    data = next((c for c in copies if c["key"] == "dataset_dir" and c["directory"]), None)
+    if data is None or any(str(config.get(o)).lower() == "true" for o in OTHER_HUBS):
+        return [], True
+    try:
+        with open(os.path.join(data["src"], "dataset_info.json")) as handle:
+            info = json.load(handle)
+    except (OSError, ValueError):
+        return [], True
+    if not isinstance(info, dict):
+        return [], True
+    used = _names(config.get("dataset")) + _names(config.get("eval_dataset"))
+    fetched = {}
+    for name in used:
+        entry = info.get(name)
+        url = entry.get("hf_hub_url") if isinstance(entry, dict) else None
+        if isinstance(url, str) and HUB_ID_RE.match(url) and url not in fetched:
+            fetched[url] = {
+                "key": "dataset_%d" % (len(fetched) + 1),
+                "repo_id": url,
+                "repo_type": "dataset",
+                "revision": "main",
+            }
+            notes.append(
+                "dataset %s is on the Hugging Face Hub (%s): fetched once into every node's "
+                "cache, the ranks read it offline" % (name, url)
+            )
+    if not fetched:
+        return [], True
+    hub.extend(fetched.values())
+    rewritten = {}
+    for name, entry in info.items():
+        if isinstance(entry, dict):
+            entry = dict(entry)
+            url = entry.get("hf_hub_url")
+            if name in used and url in fetched:
+                entry["hf_hub_url"] = snapshot_link(url, "dataset", "main")
+            for key in ("file_name", "script_url"):
+                value = entry.get(key)
+                if isinstance(value, str) and value and not os.path.isabs(value):
+                    entry[key] = "%s/%s" % (data["dest"], value)
+        rewritten[name] = entry
+    folder = "%s/dataset_info" % job_dir
+    config["dataset_dir"] = folder
+    config.setdefault("media_dir", data["dest"])
+    content = json.dumps(rewritten, indent=2, sort_keys=True) + "\n"
+    return [
+        {"path": folder, "state": "directory", "mode": "0750"},
+        {"path": folder + "/dataset_info.json", "content": content, "mode": "0640", "json": True},
+    ], True
 
 
 def hub_repo(key, value, config):

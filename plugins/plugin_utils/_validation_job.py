@@ -280,5 +280,15 @@ def training_config(values, job_dir, read_config):
         )
     except PlanError as exc:
         return {}, ["llamafactory_config: %s" % exc]
-    keys = ("config", "copies", "digest", "notes", "warnings", "output_dir", "hub")
+    keys = (
+        "config",
+        "copies",
+        "digest",
+        "notes",
+        "warnings",
+        "output_dir",
+        "hub",
+        "hub_offline",
+        "files",
+    )
     return dict((key, planned[key]) for key in keys), []

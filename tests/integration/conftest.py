@@ -224,8 +224,9 @@ def follow_restarts(test_cluster, vms):
         vm.node.update(fresh[vm.name])
 
 
-# The demo's tiny model as a Hub repository of the session's Hub double.
+# The demo's tiny model and dataset as Hub repositories of the session's Hub double.
 HUB_MODEL = "hostnet-box/tiny-llama"
+HUB_DATASET = "hostnet-box/alpaca-tiny"
 
 
 def start_hub_double(definition: spec.ClusterSpec, **options) -> hub_double.HubDouble:
@@ -238,9 +239,16 @@ def start_hub_double(definition: spec.ClusterSpec, **options) -> hub_double.HubD
 
 
 @pytest.fixture(scope="session")
-def hub(train_cluster, test_cluster):
-    """The session cluster's Hub double (after train_cluster: the assets exist)."""
+def hub(train_cluster, test_cluster, tmp_path_factory):
+    """The session cluster's Hub double (after train_cluster: the assets exist), with the demo's
+    dataset as HUB_DATASET too; its `dataset_dir`: a dataset_dir that names it (alpaca_tiny,
+    as the demo's config does) by hf_hub_url."""
     double = start_hub_double(test_cluster[0])
+    data = cluster.cache_dir() / "assets" / "data" / "alpaca_tiny.json"
+    double.add_repo(HUB_DATASET, {"alpaca_tiny.json": data}, repo_type="dataset")
+    double.dataset_dir = tmp_path_factory.mktemp("hub-data")
+    info = {"alpaca_tiny": {"hf_hub_url": HUB_DATASET}}
+    (double.dataset_dir / "dataset_info.json").write_text(json.dumps(info))
     yield double
     double.stop()
 

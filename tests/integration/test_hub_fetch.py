@@ -76,7 +76,7 @@ def test_eight_nodes_download_the_model_once_and_a_rerun_nothing(hub_cluster, tm
     double.reset()
     result = fetch(hub_cluster, tmp_path / "first")
     assert result.rc == 0, result.failures()
-    repo = double.repos[HUB_MODEL]
+    repo = double.repo(HUB_MODEL)
     gets = sorted(r.path.rsplit("/", 1)[1] for r in double.downloads(HUB_MODEL))
     assert gets == sorted(repo.files)  # one download of each file for 8 nodes
     folder = f"{CACHE}/models--hostnet-box--tiny-llama"

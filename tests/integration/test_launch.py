@@ -13,6 +13,7 @@ import time
 
 import pytest
 from conftest import (
+    HUB_DATASET,
     HUB_MODEL,
     JOBS,
     NODES_RULE,
@@ -43,14 +44,15 @@ def trainer_steps(vm, job):
     return [record["current_steps"] for record in trainer_log(vm, job)]
 
 
-# e2e's base model comes from the Hub double (fetched once on vm0, copied to vm1): every run
-# of e2e gives the same settings.
-HUB_OVERRIDES = {"model_name_or_path": HUB_MODEL}
-
-
+# e2e's base model and dataset come from the Hub double (fetched once on vm0, copied to vm1):
+# every run of e2e gives the same settings.
 def hub_vars(hub, **overrides):
     return {
-        "llamafactory_train_overrides": {**HUB_OVERRIDES, **overrides},
+        "llamafactory_train_overrides": {
+            "model_name_or_path": HUB_MODEL,
+            "dataset_dir": str(hub.dataset_dir),
+            **overrides,
+        },
         "llamafactory_hf_endpoint": hub.url,
     }
 
@@ -66,8 +68,8 @@ def e2e(train_cluster, box, hub, tmp_path_factory):
     inventory, vms = train_cluster
     if box.rule(NODES_RULE) is not None:  # made by an earlier test of the session
         box.delete_rule(NODES_RULE)
-    for vm in vms:  # a kept cluster's earlier session fetched it already
-        vm.sh("rm -rf /var/lib/llamafactory/hf-cache/hub/models--hostnet-box--tiny-llama")
+    for vm in vms:  # a kept cluster's earlier session fetched them already
+        vm.sh("rm -rf /var/lib/llamafactory/hf-cache/hub/*--hostnet-box--*")
     tmp = tmp_path_factory.mktemp("e2e")
     hub.reset()
     started = time.monotonic()
@@ -147,33 +149,45 @@ def test_the_rank_environment_names_the_vpc_and_each_nodes_nic(e2e):
         assert f"deepspeed: {JOBS}/e2e/deepspeed.json" in config
 
 
-def test_the_hub_model_is_downloaded_once_and_the_ranks_load_it_offline(e2e):
-    """vm0 downloaded the model (one request per file), vm1 copied it from vm0, both hold the
-    same snapshot in huggingface_hub's layout, and the ranks ran with HF_HUB_OFFLINE=1."""
+def test_the_hub_model_and_dataset_are_downloaded_once_and_read_offline(e2e):
+    """vm0 downloaded the model and the dataset (one request per file), vm1 copied them from
+    vm0, both hold the same snapshots in huggingface_hub's layout, the ranks ran with
+    HF_HUB_OFFLINE=1 and read the dataset through the rewritten dataset_info.json."""
     assert e2e["rc"] == 0, e2e["failures"]
-    files = e2e["hub"].repos[HUB_MODEL].files
-    gets = sorted(
-        r.path.rsplit("/", 1)[1]
-        for r in e2e["hub_requests"]
-        if r.method == "GET" and "/resolve/" in r.path
-    )
-    assert gets == sorted(files)  # each file once, whatever the node count
-    api = [r.path for r in e2e["hub_requests"] if r.path.startswith("/api/")]
-    assert len(api) == 2, api  # the revision's info and its tree, once
-    commit = e2e["hub"].repos[HUB_MODEL].commit
-    folder = "/var/lib/llamafactory/hf-cache/hub/models--hostnet-box--tiny-llama"
-    sums = []
+    hub = e2e["hub"]
+    requests = e2e["hub_requests"]
+    for repo_id, kind in ((HUB_MODEL, "model"), (HUB_DATASET, "dataset")):
+        repo = hub.repo(repo_id, kind)
+        prefix = "" if kind == "model" else "/datasets"
+        gets = sorted(
+            r.path.rsplit("/", 1)[1]
+            for r in requests
+            if r.method == "GET" and r.path.startswith(f"{prefix}/{repo_id}/resolve/")
+        )
+        assert gets == sorted(repo.files)  # each file once, whatever the node count
+        api = [r.path for r in requests if r.path.startswith(f"/api/{kind}s/{repo_id}/")]
+        assert len(api) == 2, api  # the revision's info and its tree, once
+        folder = f"/var/lib/llamafactory/hf-cache/hub/{kind}s--{repo_id.replace('/', '--')}"
+        sums = []
+        for vm in e2e["vms"]:
+            assert vm.sh(f"cat {folder}/refs/main").stdout.strip() == repo.commit
+            sums.append(vm.sh(f"cd {folder}/hostnet/main.snapshot/ && sha256sum -- *").stdout)
+        assert sums[0] == sums[1] and len(sums[0].splitlines()) == len(repo.files)
     for vm in e2e["vms"]:
-        assert vm.sh(f"cat {folder}/refs/main").stdout.strip() == commit
-        sums.append(vm.sh(f"cd {folder}/snapshots/{commit} && sha256sum -- *").stdout)
         env = vm.sh(f"cat {JOBS}/e2e/env").stdout.splitlines()
         assert "HF_HUB_OFFLINE=1" in env and "HF_HOME=/root/.cache/huggingface" in env
         config = vm.sh(f"cat {JOBS}/e2e/config.yaml").stdout
         assert f"model_name_or_path: {HUB_MODEL}" in config
-    assert sums[0] == sums[1] and len(sums[0].splitlines()) == len(files)
+        assert f"dataset_dir: {JOBS}/e2e/dataset_info" in config
+        info = json.loads(vm.sh(f"cat {JOBS}/e2e/dataset_info/dataset_info.json").stdout)
+        assert info["alpaca_tiny"]["hf_hub_url"].endswith(
+            "/datasets--hostnet-box--alpaca-tiny/hostnet/main.snapshot"
+        )
     shown = "\n".join(event.get("stdout", "") for event in e2e["events"])
     assert f"[vm0] downloading {HUB_MODEL} from the Hub" in shown
-    assert f"[vm1] copying {HUB_MODEL} from http://{e2e['vms'][0].node['vpc_address']}:" in shown
+    assert f"[vm0] downloading dataset {HUB_DATASET} from the Hub" in shown
+    source = f"from http://{e2e['vms'][0].node['vpc_address']}:"
+    assert f"[vm1] copying dataset {HUB_DATASET} {source}" in shown
 
 
 def test_results_and_the_adapter_reach_the_controller(e2e):

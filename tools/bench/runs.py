@@ -1286,13 +1286,13 @@ HUB_PLAYBOOK = "tests/integration/playbooks/hub_fetch.yml"
 HUB_CACHE = "/var/lib/llamafactory/hf-cache/hub"
 # hub.yml's tasks, as profile_tasks names them: the fetch's time is theirs.
 HUB_TASKS = (
-    "Look for the Hub model in every node's cache",
+    "Look for the Hub repositories in every node's cache",
     "Write the download's script",
     "Write the Hugging Face token",
-    "Download the Hub model",
-    "Serve the model from rank 0's node",
-    "Copy the model from rank 0's node",
-    "Stop serving the model",
+    "Download from the Hub",
+    "Serve the repositories from rank 0's node",
+    "Copy them from rank 0's node",
+    "Stop serving",
 )
 HUB_VARIANTS = {"once": "once", "each node": "each_node"}
 

@@ -72,6 +72,7 @@ class HubFile:
 class HubRepo:
     repo_id: str
     files: dict[str, HubFile]
+    repo_type: str = "model"
     gated: bool = False
     granted: set[str] = field(default_factory=set)  # tokens with access to a gated repo
     branches: dict[str, str] = field(default_factory=dict)
@@ -102,7 +103,7 @@ class HubDouble:
     """The double; start() serves it on (address, port) in a thread, stop() ends it."""
 
     def __init__(self, address: str = "127.0.0.1", port: int = 0, rate: float | None = None):
-        self.repos: dict[str, HubRepo] = {}
+        self.repos: dict[tuple[str, str], HubRepo] = {}  # (repo_type, repo_id)
         self.tokens: set[str] = set()
         self.requests: list[Request] = []
         self.rate = rate
@@ -123,8 +124,11 @@ class HubDouble:
             for name, data in files.items()
         }
         repo = HubRepo(repo_id, loaded, **options)
-        self.repos[repo_id] = repo
+        self.repos[(repo.repo_type, repo_id)] = repo
         return repo
+
+    def repo(self, repo_id: str, repo_type: str = "model") -> HubRepo:
+        return self.repos[(repo_type, repo_id)]
 
     def start(self) -> HubDouble:
         self._thread = threading.Thread(target=self._server.serve_forever, daemon=True)
@@ -139,14 +143,15 @@ class HubDouble:
         with self._lock:
             self.requests.clear()
 
-    def downloads(self, repo_id: str | None = None) -> list[Request]:
+    def downloads(self, repo_id: str | None = None, repo_type: str = "model") -> list[Request]:
         """The GET requests of files (resolve), the downloads themselves."""
+        prefix = "" if repo_type == "model" else f"/{repo_type}s"
         return [
             r
             for r in self.requests
             if r.method == "GET"
             and "/resolve/" in r.path
-            and (repo_id is None or r.path.startswith(f"/{repo_id}/resolve/"))
+            and (repo_id is None or r.path.startswith(f"{prefix}/{repo_id}/resolve/"))
         ]
 
     def sent(self) -> int:
@@ -221,14 +226,14 @@ class HubDouble:
                 self.sent += len(body)
                 return 200
 
-            def _repo(self, repo_id: str, files: bool):
+            def _repo(self, repo_id: str, files: bool, repo_type: str = "model"):
                 """(repo, None) or (None, the status of the error sent)."""
                 token = self._token()
                 if token is not None and token not in double.tokens:
                     return None, self._error(
                         401, None, "Invalid credentials in Authorization header"
                     )
-                repo = double.repos.get(repo_id)
+                repo = double.repos.get((repo_type, repo_id))
                 if repo is None:
                     return None, self._error(
                         404 if token else 401, "RepoNotFound", "Repository not found"
@@ -245,9 +250,12 @@ class HubDouble:
             def _route(self, head: bool) -> int:
                 parts = urlsplit(self.path)
                 path, query = unquote(parts.path), parse_qs(parts.query)
-                api = re.match(r"^/api/models/(.+?)/(revision|tree)/([^/]+)(?:/(.*))?$", path)
+                api = re.match(
+                    r"^/api/(model|dataset)s/(.+?)/(revision|tree)/([^/]+)(?:/(.*))?$", path
+                )
                 if api and not head:
-                    repo, failed = self._repo(api[1], files=False)
+                    kind, api = api[1], [None, *api.groups()[1:]]
+                    repo, failed = self._repo(api[1], files=False, repo_type=kind)
                     if repo is None:
                         return failed
                     commit = repo.resolve(api[3])
@@ -257,9 +265,11 @@ class HubDouble:
                         return self._json(self._info(repo, commit, "blobs" in query))
                     recursive = (query.get("recursive") or ["false"])[0].lower() == "true"
                     return self._json(self._tree(repo, api[4] or "", recursive))
-                resolve = re.match(r"^/(.+?)/resolve/([^/]+)/(.+)$", path)
+                resolve = re.match(r"^/(datasets/)?(.+?)/resolve/([^/]+)/(.+)$", path)
                 if resolve:
-                    repo, failed = self._repo(resolve[1], files=True)
+                    kind = "dataset" if resolve[1] else "model"
+                    resolve = [None, *resolve.groups()[1:]]
+                    repo, failed = self._repo(resolve[1], files=True, repo_type=kind)
                     if repo is None:
                         return failed
                     commit = repo.resolve(resolve[2])

@@ -137,6 +137,14 @@ def manifest(folder, revision, commit, hashes):
         files.append(
             {"path": f"trees/{commit}.json", "size": os.path.getsize(tree), "sha256": digest}
         )
+    # A link to the snapshot the ranks can be pointed at without the commit (a Hub dataset's
+    # entry in the nodes' dataset_info.json).
+    link = os.path.join(folder, MANIFEST_DIR, revision.replace("/", "%2F") + ".snapshot")
+    os.makedirs(os.path.dirname(link), exist_ok=True)
+    if os.path.lexists(link):
+        os.remove(link)
+    os.symlink("../snapshots/" + commit, link)
+    links.append({"path": os.path.relpath(link, folder), "target": "../snapshots/" + commit})
     unique = dict((f["path"], f) for f in files)
     return {
         "revision": revision,

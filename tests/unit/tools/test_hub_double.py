@@ -39,7 +39,7 @@ def get(hub, path, method="GET", token=None, headers=None):
 def test_the_revision_api_gives_the_commit_and_the_files(hub):
     status, _headers, body = get(hub, "/api/models/org/tiny/revision/main?blobs=true")
     info = json.loads(body)
-    assert status == 200 and info["sha"] == hub.repos["org/tiny"].commit
+    assert status == 200 and info["sha"] == hub.repo("org/tiny").commit
     siblings = {s["rfilename"]: s for s in info["siblings"]}
     assert siblings["model.safetensors"]["lfs"]["sha256"] == hashlib.sha256(WEIGHTS).hexdigest()
     assert siblings["config.json"]["blobId"] == git_sha1(b'{"a": 1}')
@@ -49,7 +49,7 @@ def test_the_revision_api_gives_the_commit_and_the_files(hub):
 
 
 def test_resolve_carries_the_commit_etag_and_ranges(hub):
-    commit = hub.repos["org/tiny"].commit
+    commit = hub.repo("org/tiny").commit
     status, headers, _ = get(hub, "/org/tiny/resolve/main/model.safetensors", method="HEAD")
     sha = hashlib.sha256(WEIGHTS).hexdigest()
     assert status == 200 and headers["X-Repo-Commit"] == commit

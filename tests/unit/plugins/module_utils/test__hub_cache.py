@@ -93,7 +93,7 @@ def served(tmp_path):
     port = free_port()
     state = tmp_path / "serve.json"
     thread = threading.Thread(
-        target=hub.serve, args=(str(source), "main", "127.0.0.1", port, str(state), 20, 3)
+        target=hub.serve, args=({str(source): "main"}, "127.0.0.1", port, str(state), 20, 3)
     )
     thread.daemon = True
     thread.start()
@@ -101,7 +101,7 @@ def served(tmp_path):
         if (hub.read_json(str(state)) or {}).get("state") == "serving":
             break
         time.sleep(0.1)
-    return source, f"http://127.0.0.1:{port}", state
+    return source, f"http://127.0.0.1:{port}/{source.name}", state
 
 
 def test_a_copy_is_the_same_repository_checked_and_resumed(served, tmp_path):
@@ -140,12 +140,13 @@ def test_a_damaged_file_is_refused_and_removed(served, tmp_path):
     state = tmp_path / "serve2.json"
     threading.Thread(
         target=hub.serve,
-        args=(str(source), "main", "127.0.0.1", port, str(state), 20, 3),
+        args=({str(source): "main"}, "127.0.0.1", port, str(state), 20, 3),
         daemon=True,
     ).start()
     time.sleep(0.5)
     folder = tmp_path / "rank1" / hub.repo_folder("org/tiny")
-    hub.pull(f"http://127.0.0.1:{port}", str(folder), "main", str(tmp_path / "pull.json"))
+    source_url = f"http://127.0.0.1:{port}/{source.name}"
+    hub.pull(source_url, str(folder), "main", str(tmp_path / "pull.json"))
     result = json.loads((tmp_path / "pull.json").read_text())
     assert result["state"] == "failed" and result["kind"] == "copy"
     assert "arrived damaged" in result["error"]
@@ -158,9 +159,10 @@ def test_the_server_serves_only_listed_files_and_a_dead_source_is_named(served, 
     from urllib.error import HTTPError
     from urllib.request import urlopen
 
-    with pytest.raises(HTTPError) as refused:
-        urlopen(url + "/file/refs/main")  # noqa: S310
-    assert refused.value.code == 404
+    for path in ("/file/refs/main", "/../manifest"):
+        with pytest.raises(HTTPError) as refused:
+            urlopen(url + path)  # noqa: S310
+        assert refused.value.code == 404
     state_path = tmp_path / "pull.json"
     hub.pull(f"http://127.0.0.1:{free_port()}", str(tmp_path / "x"), "main", str(state_path))
     state = json.loads(state_path.read_text())
@@ -171,12 +173,12 @@ def test_the_server_stops_when_idle(tmp_path):
     source = make_repo(tmp_path / "rank0")
     state = tmp_path / "serve.json"
     started = time.monotonic()
-    hub.serve(str(source), "main", "127.0.0.1", free_port(), str(state), 30, idle=1)
+    hub.serve({str(source): "main"}, "127.0.0.1", free_port(), str(state), 30, idle=1)
     assert time.monotonic() - started < 5
     assert json.loads(state.read_text())["state"] == "ended"
 
 
 def test_nothing_to_serve_is_a_failure(tmp_path):
     state = tmp_path / "serve.json"
-    hub.serve(str(tmp_path / "empty"), "main", "127.0.0.1", free_port(), str(state), 5)
+    hub.serve({str(tmp_path / "empty"): "main"}, "127.0.0.1", free_port(), str(state), 5)
     assert json.loads(state.read_text())["state"] == "failed"

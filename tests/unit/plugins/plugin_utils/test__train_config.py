@@ -163,6 +163,59 @@ def test_paths_and_other_hubs_are_not_fetched(tmp_path, value, other):
     assert plan(config, str(tmp_path / "train.yaml"), JOB)["hub"] == []
 
 
+def test_hub_datasets_of_a_copied_dataset_dir_are_fetched_and_pointed_at(tmp_path):
+    data = tmp_path / "data"
+    data.mkdir()
+    info = {
+        "alpaca_hub": {"hf_hub_url": "org/alpaca", "split": "train"},
+        "local": {"file_name": "local.json"},
+        "unused_hub": {"hf_hub_url": "org/unused"},
+        "media": {"file_name": "/abs/m.json"},
+    }
+    (data / "dataset_info.json").write_text(json.dumps(info))
+    (data / "local.json").write_text("[]")
+    config = {
+        "model_name_or_path": "org/model",
+        "stage": "sft",
+        "dataset": "alpaca_hub, local",
+        "dataset_dir": "data",
+    }
+    result = plan(config, str(tmp_path / "train.yaml"), JOB)
+    assert [(r["repo_id"], r["repo_type"]) for r in result["hub"]] == [
+        ("org/model", "model"),
+        ("org/alpaca", "dataset"),
+    ]
+    assert result["hub_offline"] is True
+    assert result["config"]["dataset_dir"] == f"{JOB}/dataset_info"
+    assert result["config"]["media_dir"] == f"{JOB}/data"
+    folder, written = result["files"]
+    assert folder == {"path": f"{JOB}/dataset_info", "state": "directory", "mode": "0750"}
+    assert written["path"] == f"{JOB}/dataset_info/dataset_info.json" and written["json"]
+    nodes = json.loads(written["content"])
+    assert nodes["alpaca_hub"] == {
+        "hf_hub_url": "/root/.cache/huggingface/hub/datasets--org--alpaca/hostnet/main.snapshot",
+        "split": "train",
+    }
+    assert nodes["local"] == {"file_name": f"{JOB}/data/local.json"}
+    assert nodes["unused_hub"] == {"hf_hub_url": "org/unused"}  # not used: left alone
+    assert nodes["media"] == {"file_name": "/abs/m.json"}
+
+
+def test_without_hub_datasets_the_dataset_dir_is_the_copy(project):
+    _base, path, config = project
+    result = plan(config, str(path), JOB)
+    assert result["files"] == [] and result["hub_offline"] is True
+    assert result["config"]["dataset_dir"] == f"{JOB}/data"
+
+
+@pytest.mark.parametrize("where", ["ONLINE", "REMOTE:org/infos"])
+def test_datasets_named_online_keep_the_ranks_online(tmp_path, where):
+    config = {"model_name_or_path": "org/model", "stage": "sft", "dataset_dir": where}
+    result = plan(config, str(tmp_path / "train.yaml"), JOB)
+    assert result["hub_offline"] is False
+    assert any("the ranks download them themselves" in note for note in result["notes"])
+
+
 def test_overrides_apply_before_the_paths_are_resolved(project, tmp_path_factory):
     base, path, config = project
     elsewhere = tmp_path_factory.mktemp("elsewhere")

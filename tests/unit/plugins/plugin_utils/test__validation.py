@@ -835,8 +835,9 @@ def test_the_good_defaults_give_the_expected_plan():
     assert plan["preflight_port"] == 49949
     job_dir = "/var/lib/llamafactory/jobs/demo"
     excluded = ("config", "copies", "digest", "notes", "warnings")
-    assert plan["hub"] == []  # the demo's model is a folder on the controller
-    excluded += ("hub",)
+    # the demo's model and data are on the controller
+    assert (plan["hub"], plan["files"], plan["hub_offline"]) == ([], [], True)
+    excluded += ("hub", "files", "hub_offline")
     assert {k: plan[k] for k in plan if k not in excluded} == {
         "job": "demo",
         "purpose": "train",
