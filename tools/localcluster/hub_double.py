@@ -105,7 +105,8 @@ class HubDouble:
     def __init__(self, address: str = "127.0.0.1", port: int = 0, rate: float | None = None):
         self.repos: dict[tuple[str, str], HubRepo] = {}  # (repo_type, repo_id)
         self.tokens: set[str] = set()
-        self.requests: list[Request] = []
+        self._requests: list[Request] = []
+        self._in_flight = 0
         self.rate = rate
         self._lock = threading.Lock()
         self._budget_at = time.monotonic()
@@ -139,9 +140,20 @@ class HubDouble:
         self._server.shutdown()
         self._server.server_close()
 
-    def reset(self) -> None:
+    @property
+    def requests(self) -> list[Request]:
+        """Every request answered, once those being answered are done (a client may have its
+        answer a moment before the request is counted)."""
+        deadline = time.monotonic() + 5
+        while self._in_flight and time.monotonic() < deadline:
+            time.sleep(0.01)
         with self._lock:
-            self.requests.clear()
+            return list(self._requests)
+
+    def reset(self) -> None:
+        self.requests  # noqa: B018 - those under way are counted first
+        with self._lock:
+            self._requests.clear()
 
     def downloads(self, repo_id: str | None = None, repo_type: str = "model") -> list[Request]:
         """The GET requests of files (resolve), the downloads themselves."""
@@ -185,17 +197,25 @@ class HubDouble:
 
             def _answer(self, head: bool) -> None:
                 self.sent = 0
-                status = self._route(head)
                 with double._lock:
-                    double.requests.append(
-                        Request(
-                            self.command,
-                            urlsplit(self.path).path,
-                            status,
-                            self.sent,
-                            "Authorization" in self.headers,
+                    double._in_flight += 1
+                try:
+                    status = self._route(head)
+                except Exception:
+                    status = 0
+                    raise
+                finally:
+                    with double._lock:
+                        double._in_flight -= 1
+                        double._requests.append(
+                            Request(
+                                self.command,
+                                urlsplit(self.path).path,
+                                status,
+                                self.sent,
+                                "Authorization" in self.headers,
+                            )
                         )
-                    )
 
             def _token(self) -> str | None:
                 value = self.headers.get("Authorization") or ""
