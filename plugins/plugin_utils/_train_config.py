@@ -9,6 +9,15 @@ dataset folder, the DeepSpeed JSON and a local model folder. A path found on the
 (relative paths are taken relative to the YAML's folder) is copied to every node; one that is
 not found is left alone: it names a file inside the image (such as LLaMA-Factory's own
 examples/) or a model on the Hugging Face Hub.
+
+A `model_name_or_path` that is neither on the controller nor on a shared mount and reads as a
+Hub id (ORG/NAME or NAME) is listed in `hub` with its revision (`model_revision`, default
+main): the launch fetches it once into the nodes' Hugging Face cache and the ranks load it
+offline (roles/launch/tasks/hub.yml). So are the datasets the config uses whose entry in a
+dataset_dir copied from the controller names `hf_hub_url`: the nodes then read a rewritten
+dataset_info.json (`files`, in JOB/dataset_info) that points them at the fetched snapshot and
+every other entry's file at its copy. `hub_offline` says whether the ranks can run offline
+(not with dataset_dir ONLINE or REMOTE:, which name Hub datasets the launch does not fetch).
 """
 
 from __future__ import absolute_import, division, print_function
@@ -18,6 +27,7 @@ __metaclass__ = type
 import hashlib
 import json
 import os
+import re
 
 # config key -> name under the job directory
 COPIED_KEYS = (
@@ -26,6 +36,12 @@ COPIED_KEYS = (
     ("dataset_dir", "data"),
     ("deepspeed", "deepspeed.json"),
 )
+# A Hub repository id: ORG/NAME or NAME (huggingface_hub's validate_repo_id, stricter).
+HUB_ID_RE = re.compile(r"^(?:[A-Za-z0-9][A-Za-z0-9._-]{0,95}/)?[A-Za-z0-9][A-Za-z0-9._-]{0,95}$")
+# The ranks' HF_HOME (roles/llamafactory/vars/main.yml), where the fetched repositories are.
+RANK_HF_HOME = "/root/.cache/huggingface"
+# Options that send LLaMA-Factory to another hub than Hugging Face's.
+OTHER_HUBS = ("use_modelscope_hub", "use_openmind_hub")
 # Files up to this size are hashed by content; larger ones (model weights) by name and size.
 HASH_CONTENT_LIMIT = 64 * 1024 * 1024
 
@@ -64,7 +80,7 @@ def plan(user_config, config_path, job_dir, overrides=None, shared=(), collectiv
             )
     base = os.path.dirname(os.path.abspath(config_path))
     job_dir = job_dir.rstrip("/")
-    copies, notes = [], []
+    copies, notes, hub = [], [], []
     for key, name in COPIED_KEYS:
         value = config.get(key)
         if not isinstance(value, str) or not value:
@@ -77,6 +93,13 @@ def plan(user_config, config_path, job_dir, overrides=None, shared=(), collectiv
             continue
         source = os.path.normpath(os.path.join(base, os.path.expanduser(value)))
         if not os.path.exists(source):
+            repo = hub_repo(key, value, config)
+            if repo:
+                hub.append(repo)
+                notes.append(
+                    "%s %s is a Hugging Face Hub model: fetched once (revision %s) into every "
+                    "node's cache, the ranks load it offline" % (key, value, repo["revision"])
+                )
             if key in ("dataset_dir", "deepspeed"):
                 notes.append(
                     "%s %s is not on the controller: the nodes use it as a path inside the image"
@@ -88,6 +111,7 @@ def plan(user_config, config_path, job_dir, overrides=None, shared=(), collectiv
         dest = "%s/%s" % (job_dir, name)
         copies.append({"key": key, "src": source, "dest": dest, "directory": os.path.isdir(source)})
         config[key] = dest
+    files, hub_offline = _hub_datasets(config, copies, job_dir, hub, notes)
     if config.get("output_dir") not in (None, "%s/output" % job_dir):
         notes.append(
             "output_dir %s becomes %s/output on every node" % (config.get("output_dir"), job_dir)
@@ -124,7 +148,94 @@ def plan(user_config, config_path, job_dir, overrides=None, shared=(), collectiv
         "notes": notes,
         "warnings": warnings,
         "digest": digest.hexdigest()[:16],
+        "hub": hub,
+        "hub_offline": hub_offline,
+        "files": files,
     }
+
+
+def _names(value):
+    return [n.strip() for n in value.split(",") if n.strip()] if isinstance(value, str) else []
+
+
+def snapshot_link(repo_id, repo_type, revision):
+    """The ranks' path of a fetched repository's snapshot (a link the fetch makes beside its
+    manifest: roles/launch/files/hub_download.py)."""
+    folder = "%ss--%s" % (repo_type, repo_id.replace("/", "--"))
+    return "%s/hub/%s/hostnet/%s.snapshot" % (RANK_HF_HOME, folder, revision.replace("/", "%2F"))
+
+
+def _hub_datasets(config, copies, job_dir, hub, notes):
+    """(files, offline): the Hub datasets of a dataset_dir copied from the controller added to
+    `hub`, and the rewritten dataset_info.json the nodes read instead (config's dataset_dir and,
+    unless set, media_dir changed); whether the ranks can run offline."""
+    where = str(config.get("dataset_dir") or "")
+    if where.upper() == "ONLINE" or where.startswith("REMOTE:"):
+        notes.append(
+            "dataset_dir %s names datasets on the Hub by name: the ranks download them "
+            "themselves (not offline)" % where
+        )
+        return [], False
+    data = next((c for c in copies if c["key"] == "dataset_dir" and c["directory"]), None)
+    if data is None or any(str(config.get(o)).lower() == "true" for o in OTHER_HUBS):
+        return [], True
+    try:
+        with open(os.path.join(data["src"], "dataset_info.json")) as handle:
+            info = json.load(handle)
+    except (OSError, ValueError):
+        return [], True
+    if not isinstance(info, dict):
+        return [], True
+    used = _names(config.get("dataset")) + _names(config.get("eval_dataset"))
+    fetched = {}
+    for name in used:
+        entry = info.get(name)
+        url = entry.get("hf_hub_url") if isinstance(entry, dict) else None
+        if isinstance(url, str) and HUB_ID_RE.match(url) and url not in fetched:
+            fetched[url] = {
+                "key": "dataset_%d" % (len(fetched) + 1),
+                "repo_id": url,
+                "repo_type": "dataset",
+                "revision": "main",
+            }
+            notes.append(
+                "dataset %s is on the Hugging Face Hub (%s): fetched once into every node's "
+                "cache, the ranks read it offline" % (name, url)
+            )
+    if not fetched:
+        return [], True
+    hub.extend(fetched.values())
+    rewritten = {}
+    for name, entry in info.items():
+        if isinstance(entry, dict):
+            entry = dict(entry)
+            url = entry.get("hf_hub_url")
+            if name in used and url in fetched:
+                entry["hf_hub_url"] = snapshot_link(url, "dataset", "main")
+            for key in ("file_name", "script_url"):
+                value = entry.get(key)
+                if isinstance(value, str) and value and not os.path.isabs(value):
+                    entry[key] = "%s/%s" % (data["dest"], value)
+        rewritten[name] = entry
+    folder = "%s/dataset_info" % job_dir
+    config["dataset_dir"] = folder
+    config.setdefault("media_dir", data["dest"])
+    content = json.dumps(rewritten, indent=2, sort_keys=True) + "\n"
+    return [
+        {"path": folder, "state": "directory", "mode": "0750"},
+        {"path": folder + "/dataset_info.json", "content": content, "mode": "0640", "json": True},
+    ], True
+
+
+def hub_repo(key, value, config):
+    """{key, repo_id, repo_type, revision} when the config's `key` names a Hugging Face Hub
+    model (not found on the controller, not a path, no other hub asked for), else None."""
+    if key != "model_name_or_path" or not HUB_ID_RE.match(value) or value in (".", ".."):
+        return None
+    if any(str(config.get(option)).lower() == "true" for option in OTHER_HUBS):
+        return None
+    revision = config.get("model_revision") or "main"
+    return {"key": key, "repo_id": value, "repo_type": "model", "revision": str(revision)}
 
 
 def _check_json(path, key):

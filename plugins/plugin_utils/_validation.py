@@ -132,6 +132,9 @@ RULES = {
     # Only in the pull request (a _json_key password is a multi-line JSON key).
     "llamafactory_registry_password": dict(multiline=True),
     "llamafactory_hf_token": dict(check=checks.hf_token),
+    "llamafactory_hf_endpoint": dict(nullable=True, check=checks.url, same=True),
+    "llamafactory_hub_fetch": dict(same=True),
+    "llamafactory_hub_timeout": dict(low=1),
     "llamafactory_pull_timeout": dict(low=1),
     "llamafactory_progress_every": dict(low=1),
     "llamafactory_stop_timeout": dict(low=0),

@@ -137,7 +137,10 @@ CONFIG_STRING_KEYS = (
     "lr_scheduler_type",
     "ddp_backend",
     "optim",
+    "model_revision",
 )
+# A branch, tag or commit of the Hub (a file name in the nodes' cache: no "..").
+REVISION_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._/-]{0,255}$")
 CONFIG_NUMBER_KEYS = (
     "learning_rate",
     "num_train_epochs",
@@ -235,6 +238,12 @@ def config_problems(config, overrides, config_path, gpus):
         words = ("true", "false")
         if value is not None and not isinstance(value, bool) and str(value).lower() not in words:
             problems.append("%s is %r: it must be true or false" % (where(key), value))
+    revision = merged.get("model_revision")
+    if isinstance(revision, str) and (not REVISION_RE.match(revision) or ".." in revision):
+        problems.append(
+            "%s is %r: give a Hub branch, tag or commit (letters, digits, . _ - /)"
+            % (where("model_revision"), revision)
+        )
     if gpus == 0 and merged.get("ddp_backend") != "gloo":
         problems.append(
             "llamafactory_gpus_per_node is 0 (CPU nodes) but the training config sets no "
@@ -272,5 +281,15 @@ def training_config(values, job_dir, read_config):
         )
     except PlanError as exc:
         return {}, ["llamafactory_config: %s" % exc]
-    keys = ("config", "copies", "digest", "notes", "warnings", "output_dir")
+    keys = (
+        "config",
+        "copies",
+        "digest",
+        "notes",
+        "warnings",
+        "output_dir",
+        "hub",
+        "hub_offline",
+        "files",
+    )
     return dict((key, planned[key]) for key in keys), []

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import ansible_run
 import pytest
-from localcluster import box_api, cluster, registry, spec, train_image
+from localcluster import box_api, cluster, hub_double, registry, spec, train_image
 
 ROOT = ansible_run.ROOT
 
@@ -225,6 +225,35 @@ def follow_restarts(test_cluster, vms):
         node.update(fresh[node["name"]])
     for vm in vms:
         vm.node.update(fresh[vm.name])
+
+
+# The demo's tiny model and dataset as Hub repositories of the session's Hub double.
+HUB_MODEL = "hostnet-box/tiny-llama"
+HUB_DATASET = "hostnet-box/alpaca-tiny"
+
+
+def start_hub_double(definition: spec.ClusterSpec, **options) -> hub_double.HubDouble:
+    """The Hub double on the cluster's VPC gateway (the host's address on the VMs' network),
+    serving the demo's tiny model as HUB_MODEL."""
+    double = hub_double.on_cluster(definition, **options)
+    model = cluster.cache_dir() / "assets" / "model"
+    double.add_repo(HUB_MODEL, {p.name: p for p in sorted(model.iterdir()) if p.is_file()})
+    return double
+
+
+@pytest.fixture(scope="session")
+def hub(train_cluster, test_cluster, tmp_path_factory):
+    """The session cluster's Hub double (after train_cluster: the assets exist), with the demo's
+    dataset as HUB_DATASET too; its `dataset_dir`: a dataset_dir that names it (alpaca_tiny,
+    as the demo's config does) by hf_hub_url."""
+    double = start_hub_double(test_cluster[0])
+    data = cluster.cache_dir() / "assets" / "data" / "alpaca_tiny.json"
+    double.add_repo(HUB_DATASET, {"alpaca_tiny.json": data}, repo_type="dataset")
+    double.dataset_dir = tmp_path_factory.mktemp("hub-data")
+    info = {"alpaca_tiny": {"hf_hub_url": HUB_DATASET}}
+    (double.dataset_dir / "dataset_info.json").write_text(json.dumps(info))
+    yield double
+    double.stop()
 
 
 @pytest.fixture(scope="session")

@@ -13,6 +13,8 @@ import time
 
 import pytest
 from conftest import (
+    HUB_DATASET,
+    HUB_MODEL,
     JOBS,
     NODES_RULE,
     OUTPUTS,
@@ -43,20 +45,40 @@ def trainer_steps(vm, job):
     return [record["current_steps"] for record in trainer_log(vm, job)]
 
 
+# e2e's base model and dataset come from the Hub double (fetched once on vm0, copied to vm1):
+# every run of e2e gives the same settings.
+def hub_vars(hub, **overrides):
+    return {
+        "llamafactory_train_overrides": {
+            "model_name_or_path": HUB_MODEL,
+            "dataset_dir": str(hub.dataset_dir),
+            **overrides,
+        },
+        "llamafactory_hf_endpoint": hub.url,
+    }
+
+
 def changed(stats):
     return {host: count for host, count in (stats.get("changed") or {}).items() if count}
 
 
 @pytest.fixture(scope="module")
-def e2e(train_cluster, box, tmp_path_factory):
-    """The demo's job from a project without the rule between the nodes (as ./dev demo starts)."""
+def e2e(train_cluster, box, hub, tmp_path_factory):
+    """The demo's job from a project without the rule between the nodes (as ./dev demo starts),
+    its base model from the Hub (the box's double)."""
     inventory, vms = train_cluster
     if box.rule(NODES_RULE) is not None:  # made by an earlier test of the session
         box.delete_rule(NODES_RULE)
+    for vm in vms:  # a kept cluster's earlier session fetched them already
+        vm.sh("rm -rf /var/lib/llamafactory/hf-cache/hub/*--hostnet-box--*")
     tmp = tmp_path_factory.mktemp("e2e")
+    hub.reset()
     started = time.monotonic()
-    rc, stats, failures, events = play(inventory, tmp / "first", "e2e", **OUTPUTS)
+    rc, stats, failures, events = play(inventory, tmp / "first", "e2e", **hub_vars(hub), **OUTPUTS)
+    requests = list(hub.requests)
     return {
+        "hub": hub,
+        "hub_requests": requests,
         "rc": rc,
         "stats": stats,
         "failures": failures,
@@ -126,6 +148,47 @@ def test_the_rank_environment_names_the_vpc_and_each_nodes_nic(e2e):
         config = vm.sh(f"cat {JOBS}/e2e/config.yaml").stdout
         assert f"output_dir: {JOBS}/e2e/output" in config
         assert f"deepspeed: {JOBS}/e2e/deepspeed.json" in config
+
+
+def test_the_hub_model_and_dataset_are_downloaded_once_and_read_offline(e2e):
+    """vm0 downloaded the model and the dataset (one request per file), vm1 copied them from
+    vm0, both hold the same snapshots in huggingface_hub's layout, the ranks ran with
+    HF_HUB_OFFLINE=1 and read the dataset through the rewritten dataset_info.json."""
+    assert e2e["rc"] == 0, e2e["failures"]
+    hub = e2e["hub"]
+    requests = e2e["hub_requests"]
+    for repo_id, kind in ((HUB_MODEL, "model"), (HUB_DATASET, "dataset")):
+        repo = hub.repo(repo_id, kind)
+        prefix = "" if kind == "model" else "/datasets"
+        gets = sorted(
+            r.path.rsplit("/", 1)[1]
+            for r in requests
+            if r.method == "GET" and r.path.startswith(f"{prefix}/{repo_id}/resolve/")
+        )
+        assert gets == sorted(repo.files)  # each file once, whatever the node count
+        api = [r.path for r in requests if r.path.startswith(f"/api/{kind}s/{repo_id}/")]
+        assert len(api) == 2, api  # the revision's info and its tree, once
+        folder = f"/var/lib/llamafactory/hf-cache/hub/{kind}s--{repo_id.replace('/', '--')}"
+        sums = []
+        for vm in e2e["vms"]:
+            assert vm.sh(f"cat {folder}/refs/main").stdout.strip() == repo.commit
+            sums.append(vm.sh(f"cd {folder}/hostnet/main.snapshot/ && sha256sum -- *").stdout)
+        assert sums[0] == sums[1] and len(sums[0].splitlines()) == len(repo.files)
+    for vm in e2e["vms"]:
+        env = vm.sh(f"cat {JOBS}/e2e/env").stdout.splitlines()
+        assert "HF_HUB_OFFLINE=1" in env and "HF_HOME=/root/.cache/huggingface" in env
+        config = vm.sh(f"cat {JOBS}/e2e/config.yaml").stdout
+        assert f"model_name_or_path: {HUB_MODEL}" in config
+        assert f"dataset_dir: {JOBS}/e2e/dataset_info" in config
+        info = json.loads(vm.sh(f"cat {JOBS}/e2e/dataset_info/dataset_info.json").stdout)
+        assert info["alpaca_tiny"]["hf_hub_url"].endswith(
+            "/datasets--hostnet-box--alpaca-tiny/hostnet/main.snapshot"
+        )
+    shown = "\n".join(event.get("stdout", "") for event in e2e["events"])
+    assert f"[vm0] downloading {HUB_MODEL} from the Hub" in shown
+    assert f"[vm0] downloading dataset {HUB_DATASET} from the Hub" in shown
+    source = f"from http://{e2e['vms'][0].node['vpc_address']}:"
+    assert f"[vm1] copying dataset {HUB_DATASET} {source}" in shown
 
 
 def test_results_and_the_adapter_reach_the_controller(e2e):
@@ -217,9 +280,16 @@ def test_a_second_run_changes_nothing(e2e):
     of the other ranks), and the judgment reads every node's report."""
     vm0, vm1 = e2e["vms"]
     before = [container(vm, "e2e") for vm in (vm0, vm1)]
+    e2e["hub"].reset()
     rc, stats, failures, events = play(
-        e2e["inventory"], e2e["tmp"] / "second", "e2e", forks=1, **OUTPUTS
+        e2e["inventory"],
+        e2e["tmp"] / "second",
+        "e2e",
+        forks=1,
+        **hub_vars(e2e["hub"]),
+        **OUTPUTS,
     )
+    assert e2e["hub"].requests == []  # nothing asked of the Hub
     assert rc == 0, failures
     assert changed(stats) == {}
     waited = [
@@ -283,7 +353,9 @@ def test_a_rule_widened_or_deleted_behind_its_back_is_put_back(e2e, box):
     )
     before = [container(vm, "e2e")["Id"] for vm in (vm0, vm1)]
     box.patch_rule(NODES_RULE, {"sourceRanges": [*made["sourceRanges"], "0.0.0.0/0"]})
-    rc, stats, failures, _events = play(e2e["inventory"], e2e["tmp"] / "widened", "e2e")
+    rc, stats, failures, _events = play(
+        e2e["inventory"], e2e["tmp"] / "widened", "e2e", **hub_vars(e2e["hub"])
+    )
     assert rc == 0, failures
     assert set(changed(stats)) == {"vm0"}  # the firewall role runs once, for the job
     assert sorted(box.rule(NODES_RULE)["sourceRanges"]) == sorted(made["sourceRanges"])
@@ -294,7 +366,9 @@ def test_a_rule_widened_or_deleted_behind_its_back_is_put_back(e2e, box):
     assert vm1.connect(vm0.node["vpc_address"], port) == "refused"
     box.delete_rule(NODES_RULE)
     assert vm1.connect(vm0.node["vpc_address"], port) == "timeout"
-    rc, stats, failures, _events = play(e2e["inventory"], e2e["tmp"] / "deleted", "e2e")
+    rc, stats, failures, _events = play(
+        e2e["inventory"], e2e["tmp"] / "deleted", "e2e", **hub_vars(e2e["hub"])
+    )
     assert rc == 0, failures
     assert set(changed(stats)) == {"vm0"}
     assert box.rule(NODES_RULE)["sourceRanges"] == made["sourceRanges"]
@@ -309,7 +383,7 @@ def test_a_changed_job_is_refused_and_left_alone(e2e):
         e2e["inventory"],
         e2e["tmp"] / "changed",
         "e2e",
-        llamafactory_train_overrides={"learning_rate": 0.002},
+        **hub_vars(e2e["hub"], learning_rate=0.002),
     )
     assert rc != 0
     assert "launch_restart_on_change=true" in failures["vm0"]["msg"]

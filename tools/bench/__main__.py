@@ -21,6 +21,9 @@
                  interleaved (mean step time), each checkpoint's seconds from saved to complete
                  in the box's bucket, and a 256 MB checkpoint part sent and restored
   demo           wall time of ./dev demo, cold once (the cluster's images removed) and warm
+  hub            the base model from the Hub (the box's double, 200 MB at 50 MB/s) on 2 and
+                 8 VMs: fetched once by rank 0's node and copied node to node, versus every
+                 node downloading it by itself; the Hub's downloads counted
   compare        with --compare REV: the re-run on 2 and 8 VMs and the time until the
                  preflight names each fault, the collection at REV (a git worktree) versus
                  this working tree, interleaved: ./dev bench --only compare --compare HEAD~3
@@ -54,6 +57,7 @@ BENCHMARKS = [
     "scale",
     "compare",
     "outputs",
+    "hub",
     "demo",
 ]
 NOTES = {
@@ -157,6 +161,17 @@ NOTES = {
         "in it (they share the same 2 cores)."
     ),
     "profile-fault-cpu": "Table 9's runs, counted as table 11.",
+    "hub": (
+        "tests/integration/playbooks/hub_fetch.yml (the job planned, the NICs found, then the "
+        "launch's hub.yml alone) on a cluster of its own (8 VMs, their project allowing traffic "
+        "between them), cut to 2 or 8 nodes; the fetch's time is the sum of hub.yml's tasks "
+        "(profile_tasks). The model: config.json and a 200 MB model.safetensors on the box's Hub "
+        "double, which sends at most 50 MB/s in all (the site's link to the Hub, shared by the "
+        "nodes); every node's cache emptied before each run. once: rank 0's node downloads it "
+        "(huggingface_hub in a container), the others copy it from rank 0 over the VPC, "
+        "checksummed. each node: llamafactory_hub_fetch each_node. The 8 VMs share this "
+        "machine's 2 cores and disk."
+    ),
     "demo": (
         "Cold: after `./dev cluster rmi` (VM images, training image, registry image and its "
         "storage removed; the pip wheelhouse and the debootstrap downloads stay cached). "
@@ -255,7 +270,7 @@ def main(argv: list[str] | None = None) -> int:
     )
     logs = args.out / "logs"
     try:
-        cluster_benches = [b for b in selected if b != "demo"]
+        cluster_benches = [b for b in selected if b not in ("demo", "hub")]
         if cluster_benches:
             needed = 8 if {"rerun", "profile", "compare"} & set(selected) else 2
             if "scale" in selected:
@@ -287,6 +302,8 @@ def main(argv: list[str] | None = None) -> int:
             finally:
                 if not args.keep:
                     bench.down()
+        if "hub" in selected:  # a cluster of its own
+            runs.hub_fetch(results, args.reps, logs, keep=args.keep)
         if "demo" in selected:  # last: the cold run removes the images the others use
             runs.demo(results, args.reps, logs, cold=not args.no_cold)
     except KeyboardInterrupt:

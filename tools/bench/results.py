@@ -35,6 +35,8 @@ COMPARISONS = {
     "outputs-transfer": ("upload", "restore", "seconds", "restore / upload"),
     "compare-rerun": ("before", "after", "seconds", "after / before"),
     "compare-time-to-cause": ("before", "after", "seconds", "after / before"),
+    # The Hub model fetched by rank 0's node and copied, or by every node itself.
+    "hub": ("each node", "once", "seconds", "once / each node"),
 }
 TITLES = {
     "time-to-cause": "1. Time to a named cause (s, lower is better; a hang counts as the cap)",
@@ -70,6 +72,7 @@ TITLES = {
     "compare-time-to-cause": (
         "14. Before and after a change (--compare REV): time until the preflight names a fault (s)"
     ),
+    "hub": "15. The Hub model (200 MB) fetched once and copied, or by every node (s of the fetch)",
 }
 # The profiles' tables list the tasks that take longest (on either variant); the rest in a line.
 PROFILE_ROWS = 30

@@ -25,7 +25,7 @@ import time
 from pathlib import Path
 
 import yaml
-from localcluster import box_api, cluster, registry, spec, train_image
+from localcluster import box_api, cluster, hub_double, registry, spec, train_image
 
 from .results import Results
 
@@ -1410,3 +1410,135 @@ def compare(bench: BenchCluster, results: Results, reps: int, rev: str, cap: flo
                     say(f"time to cause: {case} {side} {rep}: {figures['seconds']} s")
     finally:
         before.remove()
+
+
+# ------------------------------------------------------------------ the Hub model's fetch
+
+HUB_CLUSTER = "benchhub"
+HUB_MODEL = "hostnet-bench/model-200mb"
+HUB_MODEL_MB = 200
+# The double's rate, shared by every connection: the site's link to the Hub (a NAT gateway, an
+# office line), the same for both variants.
+HUB_RATE_MBPS = 50
+HUB_PLAYBOOK = "tests/integration/playbooks/hub_fetch.yml"
+HUB_CACHE = "/var/lib/llamafactory/hf-cache/hub"
+# hub.yml's tasks, as profile_tasks names them: the fetch's time is theirs.
+HUB_TASKS = (
+    "Look for the Hub repositories in every node's cache",
+    "Write the download's script",
+    "Write the Hugging Face token",
+    "Download from the Hub",
+    "Serve the repositories from rank 0's node",
+    "Copy them from rank 0's node",
+    "Stop serving",
+)
+HUB_VARIANTS = {"once": "once", "each node": "each_node"}
+
+
+def hub_definition(nodes: int) -> spec.ClusterSpec:
+    """'benchhub': `nodes` VMs whose project lets them reach each other, on /24s of shift 6 that
+    no test cluster uses (198.18.197.0/24, 198.19.195.0/24)."""
+    allow = dict(spec.DEFAULT_ALLOW_INTERNAL, sourceRanges=["198.18.5.0/24"])
+    return spec.load(
+        name=HUB_CLUSTER,
+        shift=SHIFT,
+        nodes=nodes,
+        networks={
+            "vpc": {"subnet": "198.18.5.0/24", "mtu": 1460},
+            "external": {"subnet": "198.19.3.0/24"},
+        },
+        firewall=[*spec.load().firewall, allow],
+    )
+
+
+def _static_inventory(source: Path, count: int) -> Path:
+    """The cluster's static inventory with its group cut to the first `count` VMs."""
+    data = yaml.safe_load(source.read_text())
+    group = data["all"]["children"]["llamafactory"]["hosts"]
+    names = list(group)[:count]
+    data["all"]["children"]["llamafactory"]["hosts"] = {name: group[name] for name in names}
+    path = source.with_name(f"{source.stem}-n{count}.yml")
+    path.write_text(yaml.safe_dump(data, sort_keys=False))
+    return path
+
+
+def hub_fetch(results: Results, reps: int, logs: Path, keep: bool = False) -> None:
+    """The base model (200 MB, from the box's Hub double at 50 MB/s shared) fetched by
+    playbooks' hub.yml on 2 and 8 VMs: once (rank 0's node downloads, the others copy from it)
+    versus every node downloading by itself (llamafactory_hub_fetch each_node); every cache
+    emptied before each run; runs interleaved, paired by repetition."""
+    _become_subreaper()
+    definition = hub_definition(8)
+    say(f"cluster {HUB_CLUSTER}: 8 VMs")
+    state = cluster.up(definition)
+    double = hub_double.on_cluster(definition, rate=HUB_RATE_MBPS * 1e6)
+    try:
+        weights = os.urandom(HUB_MODEL_MB * 1000 * 1000)
+        double.add_repo(
+            HUB_MODEL,
+            {"config.json": b'{"model_type": "llama"}', "model.safetensors": weights},
+        )
+        image = train_image.ensure_hub_client_image(cluster.client(), cluster.cache_dir())
+        parallel(lambda node: train_image.load_into(node["container"], image), state["nodes"])
+        inventories = {n: _static_inventory(Path(state["inventory"]), n) for n in (2, 8)}
+        folder = f"{HUB_CACHE}/models--{HUB_MODEL.replace('/', '--')}"
+        for rep in range(1, reps + 1):
+            for count in (2, 8):
+                order = list(HUB_VARIANTS) if rep % 2 else list(reversed(HUB_VARIANTS))
+                case = f"{count} nodes"
+                for variant in order:
+                    if results.has("hub", case, variant, rep):
+                        continue
+                    parallel(
+                        lambda node: vm_sh(node["container"], f"rm -rf {folder}"), state["nodes"]
+                    )
+                    double.reset()
+                    rested = settle(threshold=RERUN_REST, quiet_s=5, max_s=60)
+                    variables = {
+                        "llamafactory_job": "bench-hub",
+                        "llamafactory_config": str(
+                            ROOT / "examples/local-demo/llama3_lora_sft_ds3.yaml"
+                        ),
+                        "llamafactory_image": image,
+                        "llamafactory_pull": "never",
+                        "llamafactory_hf_endpoint": double.url,
+                        "llamafactory_hub_fetch": HUB_VARIANTS[variant],
+                        "llamafactory_train_overrides": {"model_name_or_path": HUB_MODEL},
+                    }
+                    command = [
+                        "ansible-playbook",
+                        HUB_PLAYBOOK,
+                        "-i",
+                        str(inventories[count]),
+                        "-e",
+                        json.dumps(variables),
+                    ]
+                    label = f"hub {case} {variant} {rep}"
+                    env = {
+                        **PROFILE_ENV,
+                        "ANSIBLE_CALLBACKS_ENABLED": "ansible.posix.profile_tasks",
+                    }
+                    result = run_logged(command, logs / f"{slug(label)}.log", label, 900, env=env)
+                    if result["rc"] != 0:
+                        raise BenchError(f"{label} failed: {result['output'][-1500:]}")
+                    tasks = task_profile(result["output"])
+                    fetch_s = sum(
+                        seconds
+                        for name, seconds in tasks.items()
+                        if any(task in name for task in HUB_TASKS)
+                    )
+                    figures = {
+                        "seconds": round(fetch_s, 1),
+                        "playbook_s": round(result["seconds"], 1),
+                        "hub_downloads": len(double.downloads(HUB_MODEL)),
+                        "hub_MB": round(double.sent() / 1e6, 1),
+                        "rested_s": round(rested, 1),
+                    }
+                    results.add("hub", case, variant, rep, **figures)
+                    say(f"{label}: {figures}")
+    finally:
+        double.stop()
+        for path in Path(definition.inventory).parent.glob(f"{HUB_CLUSTER}-n*.yml"):
+            path.unlink()  # the inventories cut from the cluster's (_static_inventory)
+        if not keep:
+            cluster.down(definition)

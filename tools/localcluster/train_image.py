@@ -242,6 +242,75 @@ def ensure_standin_image(client, cache_dir: Path) -> str:
     return STANDIN_IMAGE
 
 
+HUB_CLIENT_IMAGE = "hostnet-llamafactory/hub-client:1"
+# huggingface_hub (the training image's version) and what it imports, from the wheelhouse.
+HUB_CLIENT_WHEELS = (
+    "huggingface_hub",
+    "httpx",
+    "httpcore",
+    "h11",
+    "anyio",
+    "idna",
+    "certifi",
+    "filelock",
+    "fsspec",
+    "packaging",
+    "pyyaml",
+    "tqdm",
+    "typing_extensions",
+    "click",
+    "hf_xet",
+)
+
+
+def ensure_hub_client_image(client, cache_dir: Path) -> str:
+    """The Hub model's download without the 2 GB training image (the Hub fetch's tests and
+    benchmark on 8 VMs): the Debian "blank" image with the training image's huggingface_hub and
+    its dependencies unpacked from the wheelhouse. Built when missing or stale; its tag."""
+    base = images.ensure_vm_image(client, images.PLATFORMS["debian12"], cache_dir, kind="blank")
+    wheels = wheelhouse(cache_dir)
+    chosen = sorted(
+        w.name for w in wheels.glob("*.whl") if w.name.split("-", 1)[0].lower() in HUB_CLIENT_WHEELS
+    )
+    wanted = images.inputs_hash(
+        "hub-client/1", *chosen, images.vm_inputs(images.PLATFORMS["debian12"], "blank")
+    )
+    if images.image_inputs(client, HUB_CLIENT_IMAGE) == wanted:
+        return HUB_CLIENT_IMAGE
+    builder = f"hlf-build-hub-client-{wanted}"
+    run(["docker", "rm", "-f", builder], check=False)
+    install = " && ".join(
+        [f"python3 -m zipfile -e /wheels/{name} /opt/hub-client" for name in chosen]
+        + [
+            'site="$(python3 -c "import site; print(site.getsitepackages()[0])")"',
+            'mkdir -p "$site" && echo /opt/hub-client > "$site/hub-client.pth"',
+            'python3 -c "import huggingface_hub; print(huggingface_hub.__version__)"',
+        ]
+    )
+    try:
+        run(
+            [
+                "docker",
+                "run",
+                "--name",
+                builder,
+                "-v",
+                f"{wheels}:/wheels:ro",
+                base,
+                "/bin/sh",
+                "-c",
+                install,
+            ],
+            timeout=300,
+        )
+        label = "LABEL " + " ".join(images._labels("hub-client", wanted))
+        run(["docker", "commit", "--change", label, builder, HUB_CLIENT_IMAGE], timeout=300)
+    finally:
+        run(["docker", "rm", "-f", builder], check=False)
+    log(f"image {HUB_CLIENT_IMAGE}: built (huggingface_hub alone, for the Hub fetch's tests)")
+    return HUB_CLIENT_IMAGE
+
+
 def ensure_assets(client, cache_dir: Path) -> Path:
     """A tiny random Llama (own byte-level BPE tokenizer) and a tiny alpaca dataset, made offline
     in the training image: <cache>/assets/{model,data}."""

@@ -317,3 +317,22 @@ def test_a_revision_is_a_worktree_on_a_collections_path_of_its_own(tmp_path):
     assert not revision.tree.exists() and not revision.collections.exists()
     with pytest.raises(Exception, match="returned non-zero"):
         runs.Revision("no-such-revision", tmp_path)
+
+
+def test_the_hub_benchmarks_cut_of_the_static_inventory(tmp_path):
+    hosts = {
+        f"vm{i}": {"ansible_host": f"198.19.3.{10 + i}", "llamafactory_node_rank": i}
+        for i in range(8)
+    }
+    group = {"hosts": hosts, "vars": {"llamafactory_platform": "local"}}
+    source = tmp_path / "benchhub.yml"
+    source.write_text(yaml.safe_dump({"all": {"children": {"llamafactory": group}}}))
+    cut = runs._static_inventory(source, 2)
+    assert cut == tmp_path / "benchhub-n2.yml"  # beside it: the same group_vars apply
+    data = yaml.safe_load(cut.read_text())["all"]["children"]["llamafactory"]
+    assert list(data["hosts"]) == ["vm0", "vm1"] and data["vars"] == group["vars"]
+
+
+def test_the_hub_benchmark_compares_once_with_each_node():
+    assert results_module.COMPARISONS["hub"][:2] == ("each node", "once")
+    assert set(runs.HUB_VARIANTS.values()) == {"once", "each_node"}

@@ -122,11 +122,98 @@ def test_a_hub_model_and_paths_inside_the_image_are_left_alone(tmp_path):
     assert rendered["dataset_dir"] == "data"
     assert rendered["deepspeed"] == "examples/deepspeed/ds_z3_config.json"
     assert result["notes"] == [
+        "model_name_or_path meta-llama/Meta-Llama-3-8B-Instruct is a Hugging Face Hub model: "
+        "fetched once (revision main) into every node's cache, the ranks load it offline",
         "dataset_dir data is not on the controller: the nodes use it as a path inside the image",
         "deepspeed examples/deepspeed/ds_z3_config.json is not on the controller: the nodes use "
         "it as a path inside the image",
     ]
     assert rendered["output_dir"] == f"{JOB}/output"
+
+
+def test_a_hub_model_is_listed_to_fetch_with_its_revision(tmp_path):
+    path = tmp_path / "train.yaml"
+    config = {"model_name_or_path": "meta-llama/Meta-Llama-3-8B-Instruct", "stage": "sft"}
+    assert plan(config, str(path), JOB)["hub"] == [
+        {
+            "key": "model_name_or_path",
+            "repo_id": "meta-llama/Meta-Llama-3-8B-Instruct",
+            "repo_type": "model",
+            "revision": "main",
+        }
+    ]
+    config["model_revision"] = "v1.0"
+    assert plan(config, str(path), JOB)["hub"][0]["revision"] == "v1.0"
+    assert (
+        plan(dict(config, model_name_or_path="gpt2"), str(path), JOB)["hub"][0]["repo_id"] == "gpt2"
+    )
+
+
+@pytest.mark.parametrize(
+    "value, other",
+    [
+        ("/opt/models/llama", {}),  # a path inside the image
+        ("models/a/b", {}),  # a relative path, not an id
+        ("./model", {}),
+        ("qwen/Qwen2-7B", {"use_modelscope_hub": True}),  # another hub
+    ],
+)
+def test_paths_and_other_hubs_are_not_fetched(tmp_path, value, other):
+    config = {"model_name_or_path": value, "stage": "sft", **other}
+    assert plan(config, str(tmp_path / "train.yaml"), JOB)["hub"] == []
+
+
+def test_hub_datasets_of_a_copied_dataset_dir_are_fetched_and_pointed_at(tmp_path):
+    data = tmp_path / "data"
+    data.mkdir()
+    info = {
+        "alpaca_hub": {"hf_hub_url": "org/alpaca", "split": "train"},
+        "local": {"file_name": "local.json"},
+        "unused_hub": {"hf_hub_url": "org/unused"},
+        "media": {"file_name": "/abs/m.json"},
+    }
+    (data / "dataset_info.json").write_text(json.dumps(info))
+    (data / "local.json").write_text("[]")
+    config = {
+        "model_name_or_path": "org/model",
+        "stage": "sft",
+        "dataset": "alpaca_hub, local",
+        "dataset_dir": "data",
+    }
+    result = plan(config, str(tmp_path / "train.yaml"), JOB)
+    assert [(r["repo_id"], r["repo_type"]) for r in result["hub"]] == [
+        ("org/model", "model"),
+        ("org/alpaca", "dataset"),
+    ]
+    assert result["hub_offline"] is True
+    assert result["config"]["dataset_dir"] == f"{JOB}/dataset_info"
+    assert result["config"]["media_dir"] == f"{JOB}/data"
+    folder, written = result["files"]
+    assert folder == {"path": f"{JOB}/dataset_info", "state": "directory", "mode": "0750"}
+    assert written["path"] == f"{JOB}/dataset_info/dataset_info.json" and written["json"]
+    nodes = json.loads(written["content"])
+    assert nodes["alpaca_hub"] == {
+        "hf_hub_url": "/root/.cache/huggingface/hub/datasets--org--alpaca/hostnet/main.snapshot",
+        "split": "train",
+    }
+    assert nodes["local"] == {"file_name": f"{JOB}/data/local.json"}
+    assert nodes["unused_hub"] == {"hf_hub_url": "org/unused"}  # not used: left alone
+    assert nodes["media"] == {"file_name": "/abs/m.json"}
+
+
+def test_without_hub_datasets_the_dataset_dir_is_the_copy(project):
+    _base, path, config = project
+    result = plan(config, str(path), JOB)
+    assert result["files"] == [] and result["hub_offline"] is True
+    assert result["config"]["dataset_dir"] == f"{JOB}/data"
+
+
+@pytest.mark.parametrize("where", ["ONLINE", "REMOTE:org/infos"])
+def test_datasets_named_online_keep_the_ranks_online(tmp_path, where):
+    config = {"model_name_or_path": "org/model", "stage": "sft", "dataset_dir": where}
+    result = plan(config, str(tmp_path / "train.yaml"), JOB)
+    assert result["hub_offline"] is False
+    assert any("the ranks download them themselves" in note for note in result["notes"])
 
 
 def test_overrides_apply_before_the_paths_are_resolved(project, tmp_path_factory):

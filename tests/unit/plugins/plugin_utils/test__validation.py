@@ -212,6 +212,20 @@ CATALOGUE = [
     ),
     case("pull", {"llamafactory_pull": "sometimes"}, "llamafactory_pull", "use one of"),
     case(
+        "hf-endpoint",
+        {"llamafactory_hf_endpoint": "hf-mirror.com"},
+        "llamafactory_hf_endpoint",
+        "give an http:// or https:// URL",
+    ),
+    case("hub-fetch", {"llamafactory_hub_fetch": "all"}, "llamafactory_hub_fetch", "use one of"),
+    case("hub-timeout", {"llamafactory_hub_timeout": 0}, "llamafactory_hub_timeout", "at least 1"),
+    case(
+        "model-revision",
+        {"llamafactory_train_overrides": {"model_revision": "../main"}},
+        "llamafactory_train_overrides.model_revision",
+        "give a Hub branch, tag or commit",
+    ),
+    case(
         "pull-timeout",
         {"llamafactory_pull_timeout": "1h"},
         "llamafactory_pull_timeout",
@@ -840,6 +854,9 @@ def test_the_good_defaults_give_the_expected_plan():
     assert plan["preflight_port"] == 49949
     job_dir = "/var/lib/llamafactory/jobs/demo"
     excluded = ("config", "copies", "digest", "notes", "warnings")
+    # the demo's model and data are on the controller
+    assert (plan["hub"], plan["files"], plan["hub_offline"]) == ([], [], True)
+    excluded += ("hub", "files", "hub_offline")
     assert {k: plan[k] for k in plan if k not in excluded} == {
         "job": "demo",
         "purpose": "train",
