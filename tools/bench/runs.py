@@ -1217,7 +1217,9 @@ def outputs(bench: BenchCluster, results: Results, reps: int) -> None:
         for variant in ("with", "without") if rep % 2 else ("without", "with"):
             if results.has("outputs-step", "mean step time", f"{variant} output URI", rep):
                 continue
-            job = f"outputs-{variant}"
+            # A job of its own per run: the bucket keeps a finished job's checkpoints, and a
+            # job of the same name would resume from its last one.
+            job = f"outputs-{variant}-{rep}"
             _clean_job(bench, job)
             extra = {"llamafactory_output_uri": uri} if variant == "with" else {}
             result = bench.train(
