@@ -6,8 +6,8 @@
 Run on the nodes, with Google's client library google-cloud-storage (resumable and parallel
 transfers, every object checked against its CRC32C), authenticated as the VM's service account
 through the metadata server: by the module gcs_outputs and by the sync service that the launch
-starts next to each rank (this file is also that service's program: `python3 _gcs_outputs.py
-CONFIG.json`, with _job.py next to it).
+starts next to each rank (roles/gcs_outputs/files/output_sync.py, with this file and _job.py
+next to it).
 
 Layout under gs://BUCKET/PREFIX/JOB/:
 
@@ -494,7 +494,3 @@ def _write_status(path, uploaded, marked, error):
             {"uploaded": uploaded, "marked": marked, "error": error, "at": time.time()}, handle
         )
     os.replace(tmp, path)
-
-
-if __name__ == "__main__":
-    sys.exit(run_service(sys.argv[1]))

@@ -50,7 +50,7 @@ def test_the_revision_api_gives_the_commit_and_the_files(hub):
 
 def test_resolve_carries_the_commit_etag_and_ranges(hub):
     commit = hub.repo("org/tiny").commit
-    status, headers, _ = get(hub, "/org/tiny/resolve/main/model.safetensors", method="HEAD")
+    status, headers, _body = get(hub, "/org/tiny/resolve/main/model.safetensors", method="HEAD")
     sha = hashlib.sha256(WEIGHTS).hexdigest()
     assert status == 200 and headers["X-Repo-Commit"] == commit
     assert headers["ETag"] == f'"{sha}"' and headers["X-Linked-Etag"] == f'"{sha}"'
@@ -60,7 +60,7 @@ def test_resolve_carries_the_commit_etag_and_ranges(hub):
     )
     assert status == 206 and body == WEIGHTS[1000:]
     assert headers["Content-Range"] == f"bytes 1000-{len(WEIGHTS) - 1}/{len(WEIGHTS)}"
-    status, headers, _ = get(hub, "/org/tiny/resolve/main/config.json", method="HEAD")
+    status, headers, _body = get(hub, "/org/tiny/resolve/main/config.json", method="HEAD")
     config_etag = git_sha1(b'{"a": 1}')
     assert headers["ETag"] == f'"{config_etag}"' and "X-Linked-Etag" not in headers
 
@@ -78,7 +78,7 @@ def test_resolve_carries_the_commit_etag_and_ranges(hub):
     ],
 )
 def test_errors_are_the_hubs(hub, path, token, status, code):
-    got, headers, _ = get(hub, path, token=token)
+    got, headers, _body = get(hub, path, token=token)
     assert got == status
     assert headers.get("X-Error-Code") == code
     if code is None:

@@ -182,7 +182,9 @@ def test_the_sync_service_sends_while_training_and_ends_after_the_agent(emulator
             "output_dir": str(nodes[n]),
             "state_file": str(tmp_path / f"state{n}.json"),
             "status_file": str(tmp_path / f"status{n}.json"),
-            "launched_at": 0,
+            # The launch restarts the service before the rank starts; here the threads may
+            # start after the "agents" wrote their state: any state file counts.
+            "launched_at": 1,
             "interval_s": 0.05,
             "settle_s": 30,
             "quiet_s": 0,

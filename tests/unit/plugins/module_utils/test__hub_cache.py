@@ -97,7 +97,7 @@ def served(tmp_path):
     )
     thread.daemon = True
     thread.start()
-    for _ in range(50):
+    for _attempt in range(50):
         if (hub.read_json(str(state)) or {}).get("state") == "serving":
             break
         time.sleep(0.1)
