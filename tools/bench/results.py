@@ -62,10 +62,10 @@ TITLES = {
         "per task)"
     ),
     "outputs-step": (
-        "15. llamafactory_output_uri: a training step's mean time with and without the uploads (s)"
+        "16. llamafactory_output_uri: a training step's mean time with and without the uploads (s)"
     ),
     "outputs-transfer": (
-        "16. llamafactory_output_uri: a checkpoint to the bucket and back (s, the nodes' library "
+        "17. llamafactory_output_uri: a checkpoint to the bucket and back (s, the nodes' library "
         "against the box's Cloud Storage)"
     ),
     "compare-rerun": "13. Before and after a change (--compare REV): the re-run (s)",
