@@ -40,10 +40,11 @@ import time
 try:
     from ansible_collections.hostnet.llamafactory.plugins.module_utils._job import (
         CHECKPOINT,
+        checkpoint_listing,
         complete_checkpoints,
     )
 except ImportError:  # the sync service on a node: _job.py lies next to this file
-    from _job import CHECKPOINT, complete_checkpoints  # type: ignore[no-redef]
+    from _job import CHECKPOINT, checkpoint_listing, complete_checkpoints  # type: ignore[no-redef]
 
 URI = re.compile(r"^gs://([a-z0-9][a-z0-9._-]{1,220}[a-z0-9])(/.*)?$")
 PREFIX = re.compile(r"^[A-Za-z0-9._/-]*$")
@@ -387,7 +388,7 @@ def sync_checkpoints(store, output_dir, node, nodes, done, quiet_s=0):
     of steps, updated), and on node 0 mark complete each checkpoint every node has sent.
     Returns the steps uploaded and the ones marked complete."""
     uploaded, marked = [], []
-    for step in complete_checkpoints(listing_of(output_dir)):
+    for step in complete_checkpoints(checkpoint_listing(output_dir)):
         if step in done:
             continue
         manifest, written = store.upload_part(output_dir, step, node, quiet_s)
@@ -401,22 +402,6 @@ def sync_checkpoints(store, output_dir, node, nodes, done, quiet_s=0):
             if ready and store.mark_complete(step, nodes)[0]:
                 marked.append(step)
     return uploaded, marked
-
-
-def listing_of(output_dir):
-    """Checkpoint folder name -> the names inside it (for complete_checkpoints)."""
-    listing = {}
-    try:
-        names = os.listdir(output_dir)
-    except OSError:
-        return listing
-    for name in names:
-        if CHECKPOINT.match(name):
-            try:
-                listing[name] = os.listdir(os.path.join(output_dir, name))
-            except OSError:
-                continue
-    return listing
 
 
 def agent_ended(state_file, since):

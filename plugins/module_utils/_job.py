@@ -15,6 +15,7 @@ __metaclass__ = type
 
 import calendar
 import json
+import os
 import re
 import time
 
@@ -125,3 +126,21 @@ def complete_checkpoints(listing):
             continue
         steps.append(step)
     return sorted(steps)
+
+
+def checkpoint_listing(output_dir):
+    """Checkpoint folder name -> the names inside it, for complete_checkpoints ({} without the
+    folder)."""
+    listing = {}
+    try:
+        names = os.listdir(output_dir)
+    except OSError:
+        return listing
+    for name in names:
+        path = os.path.join(output_dir, name)
+        if CHECKPOINT.match(name) and os.path.isdir(path):
+            try:
+                listing[name] = os.listdir(path)
+            except OSError:
+                continue
+    return listing

@@ -45,20 +45,7 @@ def trainer_log_tail(output_dir, since=None):
     return data if size <= TRAINER_LOG_TAIL_BYTES else data.split("\n", 1)[-1]
 
 
-def checkpoint_listing(output_dir):
-    listing = {}
-    try:
-        names = os.listdir(output_dir)
-    except OSError:
-        return listing
-    for name in names:
-        path = os.path.join(output_dir, name)
-        if job.CHECKPOINT.match(name) and os.path.isdir(path):
-            try:
-                listing[name] = os.listdir(path)
-            except OSError:
-                continue
-    return listing
+checkpoint_listing = job.checkpoint_listing
 
 
 def agent_state(path):

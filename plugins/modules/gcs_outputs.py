@@ -216,7 +216,7 @@ def main():
             store.probe(node)
         elif state in ("query", "sync"):
             if state == "sync":
-                local = outputs.complete_checkpoints(outputs.listing_of(folder))
+                local = outputs.complete_checkpoints(outputs.checkpoint_listing(folder))
                 result["local"] = local
                 if module.check_mode:
                     result["uploaded"] = []
@@ -229,7 +229,7 @@ def main():
             result["checkpoints"] = dict(("%d" % s, e) for s, e in found.items())
             result["complete"] = sorted(s for s, e in found.items() if e["complete"])
         elif state == "restore":
-            local = outputs.complete_checkpoints(outputs.listing_of(folder))
+            local = outputs.complete_checkpoints(outputs.checkpoint_listing(folder))
             result.update(local=local, restored=0)
             if p["step"] not in local:
                 result["changed"] = True

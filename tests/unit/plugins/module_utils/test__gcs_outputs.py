@@ -143,7 +143,7 @@ def test_a_wiped_node_gets_its_own_part_back_whole(emulator, tmp_path):
     got = {rel: outputs.describe(p) for rel, p in outputs.tree(str(fresh / "checkpoint-5")).items()}
     assert got == want
     assert not (fresh / "checkpoint-5.restoring").exists()
-    assert outputs.complete_checkpoints(outputs.listing_of(str(fresh))) == [5]
+    assert outputs.complete_checkpoints(outputs.checkpoint_listing(str(fresh))) == [5]
 
 
 def test_the_final_outputs_with_their_manifest(emulator, tmp_path):
