@@ -56,6 +56,41 @@ CHUNK = 1 << 20
 NOT_OUTPUT = ("checkpoint-", "runs", ".")
 
 
+SCOPES_FIX = (
+    "the VM's access scopes must allow Cloud Storage writes (cloud-platform, or "
+    "devstorage.read_write: gcloud compute instances set-service-account VM --scopes "
+    "cloud-platform, with the VM stopped)"
+)
+
+
+def refusal(store, action, exc):
+    """What a refusal of Cloud Storage's (a google.api_core GoogleAPICallError, read by its
+    HTTP status) means for the job, with the fix."""
+    code, text = getattr(exc, "code", None), str(exc)
+    bucket = store.bucket_name
+    if code == 404 and "No such object" not in text:
+        return (
+            "llamafactory_output_uri: the bucket gs://%s does not exist (or this project "
+            "cannot see it): create it in the VMs' region, e.g. gcloud storage buckets create "
+            "gs://%s --location REGION --uniform-bucket-level-access" % (bucket, bucket)
+        )
+    if code in (401, 403):
+        if "scope" in text.lower():
+            fix = SCOPES_FIX
+        else:
+            fix = (
+                "grant the VMs' service account roles/storage.objectUser on the bucket: gcloud "
+                "storage buckets add-iam-policy-binding gs://%s --member "
+                "serviceAccount:EMAIL --role roles/storage.objectUser" % bucket
+            )
+        return "llamafactory_output_uri: this node's service account may not use %s (%s): %s" % (
+            store.uri,
+            text,
+            fix,
+        )
+    return "Cloud Storage refused %s for %s: %s" % (action, store.uri, text)
+
+
 class OutputsError(Exception):
     """A transfer or check failed; the message says what and where."""
 

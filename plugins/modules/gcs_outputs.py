@@ -144,37 +144,6 @@ try:
 except ImportError:
     IMPORT_ERROR = traceback.format_exc()
 
-SCOPES_FIX = (
-    "the VM's access scopes must allow Cloud Storage writes (cloud-platform, or "
-    "devstorage.read_write: gcloud compute instances set-service-account VM --scopes "
-    "cloud-platform, with the VM stopped)"
-)
-
-
-def _refusal(store, exc):
-    """What Cloud Storage's refusal means for the job, with the fix."""
-    bucket = store.bucket_name
-    if isinstance(exc, api_exceptions.NotFound):
-        return (
-            "llamafactory_output_uri: the bucket gs://%s does not exist (or this project "
-            "cannot see it): create it in the VMs' region, e.g. gcloud storage buckets create "
-            "gs://%s --location REGION --uniform-bucket-level-access" % (bucket, bucket)
-        )
-    text = str(exc)
-    if "scope" in text.lower():
-        fix = SCOPES_FIX
-    else:
-        fix = (
-            "grant the VMs' service account roles/storage.objectUser on the bucket: gcloud "
-            "storage buckets add-iam-policy-binding gs://%s --member serviceAccount:EMAIL "
-            "--role roles/storage.objectUser" % bucket
-        )
-    return "llamafactory_output_uri: this node's service account may not use %s (%s): %s" % (
-        store.uri,
-        text,
-        fix,
-    )
-
 
 def main():
     module = AnsibleModule(
@@ -259,9 +228,7 @@ def main():
     except outputs.OutputsError as exc:
         module.fail_json(msg=str(exc), **result)
     except api_exceptions.GoogleAPICallError as exc:
-        module.fail_json(
-            msg="Cloud Storage refused %s for %s: %s" % (state, store.uri, exc), **result
-        )
+        module.fail_json(msg=outputs.refusal(store, state, exc), **result)
     except (IOError, OSError) as exc:
         module.fail_json(msg="%s: %s" % (folder or store.uri, exc), **result)
     module.exit_json(**result)

@@ -131,7 +131,10 @@ def test_deleting_the_vms_that_hold_the_only_copy_of_the_model_is_refused(tmp_pa
         extravars={"gcp_instances_when_done": "delete", "launch_fetch_model_max_mb": 0},
     )
     assert result.rc != 0 and result.unreachable() == []
-    assert "gcp_instances_when_done is delete but launch_fetch_model_max_mb is 0" in message(result)
+    assert (
+        "gcp_instances_when_done is delete but llamafactory_output_uri is empty and "
+        "launch_fetch_model_max_mb is 0" in message(result)
+    )
 
 
 PLAYBOOKS = ["train", "status", "stop", "cleanup", "wait", "doctor", "discover"]

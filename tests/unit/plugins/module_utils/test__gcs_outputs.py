@@ -166,8 +166,40 @@ def test_the_probe_names_a_missing_bucket(emulator):
     from google.api_core.exceptions import NotFound
 
     store(emulator, "job-e").probe(0)
-    with pytest.raises(NotFound):
-        outputs.Store("gs://no-such-bucket-here", "j", client=emulator).probe(0)
+    missing = outputs.Store("gs://no-such-bucket-here/p", "j", client=emulator)
+    with pytest.raises(NotFound) as raised:
+        missing.probe(0)
+    said = outputs.refusal(missing, "probe", raised.value)
+    assert "the bucket gs://no-such-bucket-here does not exist" in said
+    assert "gcloud storage buckets create gs://no-such-bucket-here" in said
+
+
+@pytest.mark.parametrize(
+    "exc, says",
+    [
+        # Cloud Storage's words for a missing object, an IAM denial and an access scope too narrow.
+        ("NotFound:No such object: bkt/p/j/x", "Cloud Storage refused restore for gs://bkt/p"),
+        (
+            "Forbidden:gce@p.iam does not have storage.objects.create access",
+            "--role roles/storage.objectUser",
+        ),
+        (
+            "Forbidden:Provided scope(s) are not authorized",
+            "--scopes cloud-platform",
+        ),
+        ("ServiceUnavailable:try again", "Cloud Storage refused restore for gs://bkt/p/j: 503"),
+    ],
+)
+def test_a_refusal_names_its_fix(emulator, exc, says):
+    from google.api_core import exceptions
+
+    kind, text = exc.split(":", 1)
+    said = outputs.refusal(
+        outputs.Store("gs://bkt/p", "j", client=emulator),
+        "restore",
+        getattr(exceptions, kind)(text),
+    )
+    assert says in said
 
 
 def test_the_sync_service_sends_while_training_and_ends_after_the_agent(emulator, tmp_path):
