@@ -311,9 +311,11 @@ TRAIN = "playbooks/train.yml"
 JOBS = "/var/lib/llamafactory/jobs"
 
 
-def play(inventory, tmp_path, job, playbook=TRAIN, check=False, forks=None, **extravars):
+def play(
+    inventory, tmp_path, job, playbook=TRAIN, check=False, forks=None, timeout=600, **extravars
+):
     """Run a playbook for `job`; (rc, stats, failures: host -> msg, events). `forks`: the
-    run's (ansible.cfg's 25 otherwise)."""
+    run's (ansible.cfg's 25 otherwise); `timeout`: ansible-runner's, for the whole run."""
     result, _facts, _results = run_playbook(
         inventory,
         tmp_path,
@@ -327,6 +329,7 @@ def play(inventory, tmp_path, job, playbook=TRAIN, check=False, forks=None, **ex
         },
         check=check,
         forks=forks,
+        timeout=timeout,
     )
     return summarize(result)
 

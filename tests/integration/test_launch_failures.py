@@ -178,6 +178,8 @@ def test_a_stopped_vm_is_started_the_job_resumes_and_the_vms_stop_when_done(
             llamafactory_train_overrides=longer,
             # Each checkpoint in the bucket within seconds: the VM stops mid-training.
             gcs_outputs_interval_s=2,
+            # The wait for a checkpoint, the stop, the restart and 60 steps: one run.
+            timeout=1500,
             **OUTPUTS,
         )
 
@@ -204,7 +206,7 @@ def test_a_stopped_vm_is_started_the_job_resumes_and_the_vms_stop_when_done(
         thread.join(900)
         assert not thread.is_alive(), "the playbook did not end"
         rc, _stats, failures, events = outcome["result"]
-        assert rc == 0, failures
+        assert rc == 0, f"rc {rc} (254: the run's timeout): " + json.dumps(failures, indent=1)
         text = said(events)
         assert f"{vms[1].name} ({vms[1].name}) was TERMINATED (stopped: " in text
         restart = next(line for line in text.splitlines() if line.startswith("restart 1 of 1"))
