@@ -29,7 +29,6 @@ from __future__ import absolute_import, division, print_function
 __metaclass__ = type
 
 import base64
-import hashlib
 import json
 import os
 import re
@@ -43,8 +42,12 @@ try:
         checkpoint_listing,
         complete_checkpoints,
     )
-except ImportError:  # the sync service on a node: _job.py lies next to this file
+    from ansible_collections.hostnet.llamafactory.plugins.module_utils._results import (
+        file_checksum,
+    )
+except ImportError:  # the sync service on a node: _job.py and _results.py lie next to this file
     from _job import CHECKPOINT, checkpoint_listing, complete_checkpoints  # type: ignore[no-redef]
+    from _results import file_checksum  # type: ignore[no-redef]
 
 URI = re.compile(r"^gs://([a-z0-9][a-z0-9._-]{1,220}[a-z0-9])(/.*)?$")
 PREFIX = re.compile(r"^[A-Za-z0-9._/-]*$")
@@ -131,14 +134,6 @@ def crc32c_of(path):
         for chunk in iter(lambda: handle.read(CHUNK), b""):
             checksum.update(chunk)
     return base64.b64encode(checksum.digest()).decode("ascii")
-
-
-def sha256_of(path):
-    digest = hashlib.sha256()
-    with open(path, "rb") as handle:
-        for chunk in iter(lambda: handle.read(CHUNK), b""):
-            digest.update(chunk)
-    return digest.hexdigest()
 
 
 def tree(folder):
@@ -369,7 +364,7 @@ class Store:
         files = output_files(output_dir)
         described = {}
         for rel, path in files.items():
-            described[rel] = dict(describe(path), sha256=sha256_of(path))
+            described[rel] = dict(describe(path), sha256=file_checksum(path))
         uploaded = self.upload_files(
             files,
             dict((r, {"size": d["size"], "crc32c": d["crc32c"]}) for r, d in described.items()),
@@ -405,7 +400,7 @@ class Store:
                     manifest,
                 )
             for rel, path in local.items():
-                if sha256_of(path) != manifest["files"][rel]["sha256"]:
+                if file_checksum(path) != manifest["files"][rel]["sha256"]:
                     return False, "%s differs from %s/output/%s" % (path, self.uri, rel), manifest
         return True, "", manifest
 

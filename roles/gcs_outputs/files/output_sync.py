@@ -2,7 +2,7 @@
 # GNU General Public License v3.0+ (see LICENSE or https://www.gnu.org/licenses/gpl-3.0.txt)
 """The sync service of a job on a node: every complete checkpoint of this node to the bucket
 while the rank trains (plugins/module_utils/_gcs_outputs.py run_service, which lies next to this
-file with _job.py).
+file with _job.py and _results.py).
 
     python3 output_sync.py CONFIG.json
 """

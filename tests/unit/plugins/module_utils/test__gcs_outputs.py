@@ -7,6 +7,7 @@ import json
 import os
 import socket
 import threading
+from pathlib import Path
 
 import pytest
 from ansible_collections.hostnet.llamafactory.plugins.module_utils import _gcs_outputs as outputs
@@ -250,3 +251,54 @@ def test_the_sync_service_sends_while_training_and_ends_after_the_agent(emulator
     assert sorted(s.checkpoints()) == [3, 6] and s.newest_complete() == 6
     status = json.loads((tmp_path / "status0.json").read_text())
     assert status["uploaded"] == [3, 6] and status["error"] is None
+
+
+def test_the_sync_program_runs_as_the_role_installs_it(emulator, tmp_path):
+    """roles/gcs_outputs installs output_sync.py with the module_utils it needs next to it,
+    outside any collection: copied by the role's own list and run so (PYTHONPATH ignored), one
+    node's checkpoint reaches the bucket complete."""
+    import re
+    import shutil
+    import subprocess
+    import sys
+
+    root = Path(__file__).resolve().parents[4]
+    role = root / "roles" / "gcs_outputs"
+    tasks = (role / "tasks" / "main.yml").read_text()
+    listed = re.findall(r'^    - "?([^"\n]+)"?$', tasks.split("Install the sync program")[1], re.M)
+    home = tmp_path / "home"
+    home.mkdir()
+    for item in listed:
+        source = item.replace("{{ role_path }}", str(role))
+        source = source if "/" in source else str(role / "files" / source)
+        shutil.copy(source, home)
+    out = node_output(tmp_path, 0, steps=(4,))
+    state = tmp_path / "state.json"
+    state.write_text('{"state": "exited", "code": 0}')
+    config = tmp_path / "config.json"
+    config.write_text(
+        json.dumps(
+            {
+                "uri": f"gs://{BUCKET}/runs",
+                "job": "job-installed",
+                "node": 0,
+                "nodes": 1,
+                "output_dir": str(out),
+                "state_file": str(state),
+                "status_file": str(tmp_path / "status.json"),
+                "launched_at": 1,
+                "interval_s": 0.05,
+                "settle_s": 5,
+                "quiet_s": 0,
+            }
+        )
+    )
+    ran = subprocess.run(
+        [sys.executable, "-E", "-s", str(home / "output_sync.py"), str(config)],
+        cwd=tmp_path,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert ran.returncode == 0, ran.stderr
+    assert store(emulator, "job-installed").newest_complete() == 4
