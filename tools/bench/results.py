@@ -294,9 +294,13 @@ def markdown(meta: dict, summary: dict) -> str:
         else:
             lines += [f"| case | {first} | {second} | {reads} |", "|---|---|---|---|"]
             for case, row in cases.items():
+                # Sub-second figures (a training step) with their milliseconds.
+                medians = [row[v]["median"] for v in (first, second) if (row[v] or {}).get("n")]
+                digits = 3 if medians and max(medians) < 1 else 1
+                ratio = _fmt(row["ratio"], 2)
                 lines.append(
-                    f"| {case} | {_fmt(row[first])} | {_fmt(row[second])} | "
-                    f"{_fmt(row['ratio'], 2)}x |"
+                    f"| {case} | {_fmt(row[first], digits)} | {_fmt(row[second], digits)} | "
+                    f"{ratio}{'x' if ratio != '-' else ''} |"
                 )
         notes = meta.get("notes", {}).get(bench)
         if notes:
