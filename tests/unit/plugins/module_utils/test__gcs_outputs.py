@@ -298,6 +298,7 @@ def test_the_sync_program_runs_as_the_role_installs_it(emulator, tmp_path):
         cwd=tmp_path,
         capture_output=True,
         text=True,
+        check=False,
         timeout=120,
     )
     assert ran.returncode == 0, ran.stderr
