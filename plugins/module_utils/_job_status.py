@@ -45,9 +45,6 @@ def trainer_log_tail(output_dir, since=None):
     return data if size <= TRAINER_LOG_TAIL_BYTES else data.split("\n", 1)[-1]
 
 
-checkpoint_listing = job.checkpoint_listing
-
-
 def agent_state(path):
     """The agent's state file as a dict, or None (no agent, not written yet, half written)."""
     if not path:
@@ -100,7 +97,7 @@ def read(docker, params, check_mode):
         job.last_progress(trainer_log_tail(output_dir, started)) if output_dir else None
     )
     result["checkpoints"] = (
-        job.complete_checkpoints(checkpoint_listing(output_dir)) if output_dir else []
+        job.complete_checkpoints(job.checkpoint_listing(output_dir)) if output_dir else []
     )
     result["agent"] = agent_state(params.get("agent_state"))
     return result

@@ -260,3 +260,34 @@ def test_deepspeed_checkpoint_without_its_shard_folder_is_incomplete():
     files = [f for f in listing(0)["checkpoint-10"] if f != "global_step10"]
     assert "latest" in files
     assert job.complete_checkpoints({"checkpoint-10": files}) == []
+
+
+# --- checkpoint_listing (the node's output folder) ----------------------------------------
+
+
+def test_checkpoint_listing_holds_only_checkpoint_folders(tmp_path):
+    for line in (FIXTURES / "checkpoints-rank1.txt").read_text().splitlines():
+        name, _colon, children = line.partition(":")
+        for child in children.split():
+            if child.startswith("global_step"):
+                (tmp_path / name / child).mkdir(parents=True)
+            else:
+                (tmp_path / name).mkdir(exist_ok=True)
+                (tmp_path / name / child).write_text("")
+    (tmp_path / "checkpoint-20").mkdir()  # being written
+    (tmp_path / "checkpoint-30").write_text("")  # a file, not a folder
+    (tmp_path / "checkpoint-final").mkdir()
+    (tmp_path / "runs").mkdir()
+    (tmp_path / "trainer_log.jsonl").write_text("")
+    listing = job.checkpoint_listing(str(tmp_path))
+    assert sorted(listing) == ["checkpoint-10", "checkpoint-20"]
+    assert sorted(listing["checkpoint-10"]) == sorted(
+        (FIXTURES / "checkpoints-rank1.txt").read_text().partition(":")[2].split()
+    )
+    assert listing["checkpoint-20"] == []
+    assert job.complete_checkpoints(listing) == [10]
+
+
+def test_checkpoint_listing_of_a_missing_folder(tmp_path):
+    assert job.checkpoint_listing(str(tmp_path / "absent")) == {}
+    assert job.checkpoint_listing(str(tmp_path)) == {}

@@ -1,6 +1,6 @@
-"""The module job_status: its node-side helpers (the end of trainer_log.jsonl and the listing of
-the checkpoint folders, what _job.last_progress and _job.complete_checkpoints are given), and the
-module run as Ansible runs it against a dockerd stand-in on a unix socket (conftest.py)."""
+"""The module job_status: its node-side helper (the end of trainer_log.jsonl, what
+_job.last_progress is given), and the module run as Ansible runs it against a dockerd stand-in
+on a unix socket (conftest.py)."""
 
 import json
 import os
@@ -69,34 +69,6 @@ def test_a_trainer_log_of_an_earlier_run_is_ignored(tmp_path):
 def test_a_missing_trainer_log(tmp_path, since):
     assert job_status.trainer_log_tail(str(tmp_path), since) == ""
     assert job_status.trainer_log_tail(str(tmp_path / "absent"), since) == ""
-
-
-def test_checkpoint_listing_holds_only_checkpoint_folders(tmp_path):
-    for line in (FIXTURES / "checkpoints-rank1.txt").read_text().splitlines():
-        name, _colon, children = line.partition(":")
-        for child in children.split():
-            if child.startswith("global_step"):
-                (tmp_path / name / child).mkdir(parents=True)
-            else:
-                (tmp_path / name).mkdir(exist_ok=True)
-                (tmp_path / name / child).write_text("")
-    (tmp_path / "checkpoint-20").mkdir()  # being written
-    (tmp_path / "checkpoint-30").write_text("")  # a file, not a folder
-    (tmp_path / "checkpoint-final").mkdir()
-    (tmp_path / "runs").mkdir()
-    (tmp_path / "trainer_log.jsonl").write_text("")
-    listing = job_status.checkpoint_listing(str(tmp_path))
-    assert sorted(listing) == ["checkpoint-10", "checkpoint-20"]
-    assert sorted(listing["checkpoint-10"]) == sorted(
-        (FIXTURES / "checkpoints-rank1.txt").read_text().partition(":")[2].split()
-    )
-    assert listing["checkpoint-20"] == []
-    assert job.complete_checkpoints(listing) == [10]
-
-
-def test_checkpoint_listing_of_a_missing_folder(tmp_path):
-    assert job_status.checkpoint_listing(str(tmp_path / "absent")) == {}
-    assert job_status.checkpoint_listing(str(tmp_path)) == {}
 
 
 # --- the module against a dockerd stand-in (conftest.py) ----------------------------------
