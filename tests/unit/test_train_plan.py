@@ -46,11 +46,14 @@ def test_every_step_of_the_header_is_one_play_in_order():
         assert tag in play.get("tags", []), (name, tag, play.get("tags"))
 
 
-def test_the_only_import_is_the_inventory_guard_first():
+def test_the_imports_are_the_vms_then_the_inventory_guard_first():
     entries = yaml.safe_load(TRAIN.read_text())
     imports = [i for i, p in enumerate(entries) if "ansible.builtin.import_playbook" in p]
-    assert imports == [0]
-    assert entries[0]["ansible.builtin.import_playbook"] == "require_nodes.yml"
+    assert imports == [0, 1]
+    assert [entries[i]["ansible.builtin.import_playbook"] for i in imports] == [
+        "up.yml",
+        "require_nodes.yml",
+    ]
 
 
 def test_no_task_file_includes_itself():
