@@ -46,6 +46,26 @@ Placement (.../rest/v1/resourcePolicies/get): GET .../projects/P/regions/R/resou
 backend's instances list them in resourcePolicies); 404 for another name or region, and always
 without a backend.
 
+Creating instances (.../rest/v1/instances/insert, .../machineTypes/get, .../regions/get):
+
+- POST .../projects/P/zones/Z/instances (compute.instances.create): name and machineType
+  required (400 required / invalid, an unknown type named), 409 alreadyExists, labels checked
+  as setLabels does, a GPU type (or guestAccelerators) without scheduling.onHostMaintenance
+  TERMINATE refused as GCE does ("Instances with guest accelerators do not support live
+  migration."); SPOT gets preemptible true and instanceTerminationAction STOP unless given.
+  The zone's capacity (config "capacity": {ZONE: {TYPE: N}}: at most N not TERMINATED) and the
+  region's quotas are taken when the request arrives, counting the inserts still running; beyond
+  them the insert is accepted and its operation ends DONE with ZONE_RESOURCE_POOL_EXHAUSTED or
+  QUOTA_EXCEEDED ("Quota 'M' exceeded.  Limit: L in region R."), nothing created. Without a
+  backend the instance is stored as PUT instances does; with one, backend.insert(zone, body) runs
+  in the operation's thread.
+- GET .../zones/Z/machineTypes/T: tools/localcluster/machine_types.py's table (guestCpus,
+  memoryMb, accelerators); 404 for another type.
+- GET .../regions/R: status UP, its zones, and quotas [{metric, limit, usage}]: the limits of
+  machine_types.DEFAULT_LIMITS under config "quotas": {REGION: {METRIC: LIMIT}}, the usage of
+  the region's instances not TERMINATED (vCPUs by family, GPUs - a spot VM's against the
+  preemptible metric where its limit is above 0 - and external addresses).
+
 Per zone (.../rest/v1/instances, .../zoneOperations), over the same instances:
 
 - GET .../projects/P/zones/Z/instances (compute#instanceList; `filter` as above, every match on
@@ -105,6 +125,7 @@ requests, GET history (every entry since the start, which neither reset nor DELE
 POST reset, POST config ({"operation_seconds": N or null for never, "deny": [PERMISSION...],
 "start_capacity_errors": N (the next N instances.start operations end DONE with the error
 ZONE_RESOURCE_POOL_EXHAUSTED, the instance left TERMINATED, as a zone's stock-out does),
+"capacity" and "quotas" (above),
 "projects": {P: [NETWORK...]}, "page_size": N or null: at most N items a list's page, as the
 real API may return fewer than maxResults, "storage": "HOST:PORT" or null: where CONNECT to
 storage.googleapis.com is relayed}), GET firewalls, PUT firewalls/P/NAME (edit a rule behind
@@ -144,6 +165,11 @@ from datetime import UTC, datetime
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from urllib.parse import parse_qs, unquote, urlsplit
+
+try:  # run as a package (the local cluster) or as a script (its daemon)
+    from . import machine_types
+except ImportError:
+    import machine_types
 
 API_HOSTS = ("compute.googleapis.com", "www.googleapis.com")
 OAUTH_HOST = "oauth2.googleapis.com"
@@ -211,6 +237,17 @@ class CapacityError(Exception):
         return apply
 
 
+class QuotaError(CapacityError):
+    """An insert beyond a regional quota: the operation ends DONE with GCE's QUOTA_EXCEEDED."""
+
+    def __init__(self, metric, limit, region):  # its own entry, not CapacityError's
+        Exception.__init__(self, metric)
+        self.entry = {
+            "code": "QUOTA_EXCEEDED",
+            "message": f"Quota '{metric}' exceeded.  Limit: {limit:.1f} in region {region}.",
+        }
+
+
 class ApiError(Exception):
     def __init__(self, code, reason, message, status=None):
         super().__init__(message)
@@ -271,6 +308,9 @@ class Compute:
             self.deny = set()
             self.operation_seconds = 0.0
             self.start_capacity_errors = 0
+            self.capacity = {}  # zone -> {machine type: how many may exist}
+            self.quotas = {}  # region -> {metric: limit} over machine_types.DEFAULT_LIMITS
+            self.creating = {}  # (project, zone, name) -> the instance while its insert runs
             self.log = []
 
     def configure(self, config):
@@ -285,6 +325,10 @@ class Compute:
             if "page_size" in config:
                 size = config["page_size"]
                 self.page_size = None if size is None else max(1, int(size))
+            if "capacity" in config:
+                self.capacity = {z: dict(t) for z, t in (config["capacity"] or {}).items()}
+            if "quotas" in config:
+                self.quotas = {r: dict(q) for r, q in (config["quotas"] or {}).items()}
             if "start_capacity_errors" in config:
                 self.start_capacity_errors = max(0, int(config["start_capacity_errors"]))
             if "storage" in config:
@@ -312,6 +356,20 @@ class Compute:
         return token == self.token or self.issued.get(token, 0) > time.time()
 
     def _route(self, method, path, query, body):
+        match = re.fullmatch(
+            r"/compute/v1/projects/([^/]+)/zones/([^/]+)/machineTypes/([^/]+)", path
+        )
+        if match:
+            if method != "GET":
+                raise ApiError(405, "httpMethodNotAllowed", "Method not allowed")
+            check_query(query)
+            return self._machine_type(*match.groups())
+        match = re.fullmatch(r"/compute/v1/projects/([^/]+)/regions/([^/]+)", path)
+        if match:
+            if method != "GET":
+                raise ApiError(405, "httpMethodNotAllowed", "Method not allowed")
+            check_query(query)
+            return self._region(*match.groups())
         match = re.fullmatch(
             r"/compute/v1/projects/([^/]+)/zones/([^/]+)/(instances|operations)"
             r"(?:/([^/]+)(?:/(stop|start|reset|setLabels))?)?",
@@ -704,6 +762,9 @@ class Compute:
                 raise ApiError(405, "httpMethodNotAllowed", "Method not allowed")
             return self._get_operation(project, name, zone)
         table = self._instance_table()
+        if name is None and method == "POST":
+            check_query(query, "requestId", "sourceInstanceTemplate", "sourceMachineImage")
+            return self._insert_instance(project, zone, table, body)
         if name is None:
             if method != "GET":
                 raise ApiError(405, "httpMethodNotAllowed", "Method not allowed")
@@ -735,6 +796,153 @@ class Compute:
             return self._operation(project, kind, instance, apply, zone=zone, background=True)
         apply = functools.partial(self._act, (project, zone, name), verb, *args)
         return self._operation(project, kind, instance, apply, zone=zone)
+
+    def _machine_type(self, project, zone, name):
+        self._known_project(project)
+        if zone not in self._zones(project, self.instances):
+            raise not_found(f"projects/{project}/zones/{zone}")
+        resource = f"projects/{project}/zones/{zone}/machineTypes/{name}"
+        self._check("compute.machineTypes.get", resource)
+        answer = machine_types.resource(project, zone, name, LINK)
+        if answer is None:
+            raise not_found(resource)
+        return answer
+
+    def _limits(self, region):
+        return {**machine_types.DEFAULT_LIMITS, **self.quotas.get(region, {})}
+
+    def _usage(self, project, region, instances):
+        """{metric: amount} the instances of `region` (not TERMINATED) take."""
+        limits, used = self._limits(region), {}
+        for (p, zone, _n), instance in instances.items():
+            if p != project or zone.rsplit("-", 1)[0] != region:
+                continue
+            if instance.get("status") in ("TERMINATED", "STOPPED"):
+                continue
+            for metric, amount in machine_types.usage(instance, limits).items():
+                used[metric] = used.get(metric, 0.0) + amount
+        return used
+
+    def _region(self, project, region):
+        """regions.get: the region's zones and its quotas (usage from its instances)."""
+        self._known_project(project)
+        zones = [z for z in self._zones(project, self.instances) if z.rsplit("-", 1)[0] == region]
+        if not zones:
+            raise not_found(f"projects/{project}/regions/{region}")
+        self._check("compute.regions.get", f"projects/{project}/regions/{region}")
+        used = self._usage(project, region, {**self._instance_table(), **self.creating})
+        return {
+            "kind": "compute#region",
+            "id": str(int.from_bytes(region.encode()[:7], "big")),
+            "creationTimestamp": "1969-12-31T16:00:00.000-08:00",
+            "name": region,
+            "description": region,
+            "status": "UP",
+            "zones": [f"{LINK}projects/{project}/zones/{z}" for z in zones],
+            "quotas": [
+                {"metric": metric, "limit": limit, "usage": used.get(metric, 0.0)}
+                for metric, limit in sorted(self._limits(region).items())
+            ],
+            "selfLink": f"{LINK}projects/{project}/regions/{region}",
+            "supportsPzs": False,
+        }
+
+    def _insert_instance(self, project, zone, table, body):
+        """instances.insert: checked as GCE checks it; the zone's capacity (config) and the
+        region's quotas are taken when the request arrives (with the inserts still running), and
+        a request beyond them ends DONE with GCE's error, nothing created."""
+        body = body if isinstance(body, dict) else {}
+        name = body.get("name")
+        if not name:
+            raise required("resource.name")
+        if not NAME_RE.match(str(name)):
+            raise invalid(
+                "resource.name",
+                name,
+                "Must be a match of regex '[a-z](?:[-a-z0-9]{0,61}[a-z0-9])?'",
+            )
+        resource = f"projects/{project}/zones/{zone}/instances/{name}"
+        self._check("compute.instances.create", resource)
+        kind = str(body.get("machineType") or "").rsplit("/", 1)[-1]
+        if not kind:
+            raise required("resource.machineType")
+        if kind not in machine_types.TYPES:
+            raise invalid("resource.machineType", body["machineType"], "Unknown machine type.")
+        if (project, zone, name) in table or (project, zone, name) in self.creating:
+            message = f"The resource '{resource}' already exists"
+            raise ApiError(409, "alreadyExists", message)
+        self._checked_labels({"labelFingerprint": None}, {"labels": body.get("labels") or {}})
+        scheduling = dict(body.get("scheduling") or {})
+        has_gpus = bool(machine_types.TYPES[kind][2] or body.get("guestAccelerators"))
+        if has_gpus and scheduling.get("onHostMaintenance", "MIGRATE") != "TERMINATE":
+            raise ApiError(
+                400,
+                "badRequest",
+                "Instances with guest accelerators do not support live migration.",
+            )
+        if scheduling.get("provisioningModel") == "SPOT":
+            scheduling.setdefault("instanceTerminationAction", "STOP")
+            scheduling["preemptible"] = True
+            scheduling.setdefault("automaticRestart", False)
+        else:
+            scheduling.setdefault("provisioningModel", "STANDARD")
+            scheduling.setdefault("automaticRestart", True)
+        scheduling.setdefault("onHostMaintenance", "MIGRATE")
+        instance = copy.deepcopy(body)
+        instance["scheduling"] = scheduling
+        zone_link = f"{LINK}projects/{project}/zones/{zone}"
+        instance["machineType"] = f"{zone_link}/machineTypes/{kind}"
+        instance["selfLink"] = f"{zone_link}/instances/{name}"
+        instance["id"] = str(next(self.ids))
+        instance["status"] = "RUNNING"
+        refusal = self._refusal(project, zone, kind, instance, table)
+        key = (project, zone, name)
+        if refusal is not None:
+
+            def apply():
+                raise refusal
+
+            return self._operation(project, "insert", instance, apply, zone=zone)
+        self.creating[key] = instance
+
+        if self.backend is not None:
+
+            def create():
+                try:
+                    self.backend.insert(zone, copy.deepcopy(body))
+                finally:
+                    with self.lock:
+                        self.creating.pop(key, None)
+
+            return self._operation(project, "insert", instance, create, zone=zone, background=True)
+
+        def land():
+            self.creating.pop(key, None)
+            self.put_instance(project, zone, name, instance)
+
+        return self._operation(project, "insert", instance, land, zone=zone)
+
+    def _refusal(self, project, zone, kind, instance, table):
+        """The OperationError an insert ends with (capacity, then quota), or None."""
+        every = {**table, **self.creating}
+        limit = self.capacity.get(zone, {}).get(kind)
+        if limit is not None:
+            taken = sum(
+                1
+                for (p, z, _n), i in every.items()
+                if (p, z) == (project, zone)
+                and i.get("machineType", "").rsplit("/", 1)[-1] == kind
+                and i.get("status") not in ("TERMINATED", "STOPPED")
+            )
+            if taken >= limit:
+                return CapacityError(project, zone)
+        region = zone.rsplit("-", 1)[0]
+        limits = self._limits(region)
+        used = self._usage(project, region, every)
+        for metric, amount in sorted(machine_types.usage(instance, limits).items()):
+            if metric in limits and used.get(metric, 0.0) + amount > limits[metric]:
+                return QuotaError(metric, limits[metric], region)
+        return None
 
     def _list_instances(self, project, zone, table, query):
         self._check("compute.instances.list", f"projects/{project}/zones/{zone}")

@@ -568,3 +568,77 @@ def test_resource_policies_get_answers_the_backends_placement_policy(boxed):
     assert session.get(f"{regions}/europe-west9/resourcePolicies/compact").status_code == 404
     assert session.delete(f"{regions}/us-central1/resourcePolicies/compact").status_code == 405
     assert compute_contract.validate_log(server.compute.history) == []
+
+
+ZONE_A = "https://compute.googleapis.com/compute/v1/projects/hlf-test/zones/us-central1-a"
+
+
+def zonal_done(session, operation):
+    deadline = time.monotonic() + 5
+    while operation["status"] != "DONE":
+        assert time.monotonic() < deadline
+        time.sleep(0.05)
+        operation = session.get(operation["selfLink"]).json()
+    return operation
+
+
+def gpu_vm(name, **fields):
+    body = {
+        "name": name,
+        "machineType": "zones/us-central1-a/machineTypes/g2-standard-8",
+        "scheduling": {"onHostMaintenance": "TERMINATE"},
+        "networkInterfaces": [{"accessConfigs": [{"type": "ONE_TO_ONE_NAT"}]}],
+    }
+    body.update(fields)
+    return body
+
+
+def test_instances_insert_takes_quota_and_capacity_as_gce_does(fake):
+    server, session = fake
+    region = "https://compute.googleapis.com/compute/v1/projects/hlf-test/regions/us-central1"
+    done = zonal_done(session, session.post(f"{ZONE_A}/instances", json=gpu_vm("g0")).json())
+    assert "error" not in done
+    got = session.get(f"{ZONE_A}/instances/g0").json()
+    assert (got["status"], got["scheduling"]["provisioningModel"]) == ("RUNNING", "STANDARD")
+    quotas = {q["metric"]: q for q in session.get(region).json()["quotas"]}
+    assert (quotas["NVIDIA_L4_GPUS"]["usage"], quotas["CPUS"]["usage"]) == (1.0, 8.0)
+    assert quotas["IN_USE_ADDRESSES"]["usage"] == 1.0
+    # 409 for a name taken; GPUs cannot live-migrate; an unknown machine type is named.
+    assert session.post(f"{ZONE_A}/instances", json=gpu_vm("g0")).status_code == 409
+    answer = session.post(f"{ZONE_A}/instances", json=gpu_vm("g1", scheduling={}))
+    assert "do not support live migration" in error(answer)[3]
+    answer = session.post(f"{ZONE_A}/instances", json=gpu_vm("g1", machineType="zz-1"))
+    assert "Unknown machine type" in error(answer)[3]
+    # A quota reached: the insert is accepted and its operation ends with QUOTA_EXCEEDED.
+    server.compute.configure({"quotas": {"us-central1": {"NVIDIA_L4_GPUS": 1}}})
+    done = zonal_done(session, session.post(f"{ZONE_A}/instances", json=gpu_vm("g1")).json())
+    assert done["error"]["errors"] == [
+        {
+            "code": "QUOTA_EXCEEDED",
+            "message": "Quota 'NVIDIA_L4_GPUS' exceeded.  Limit: 1.0 in region us-central1.",
+        }
+    ]
+    # A spot VM takes the preemptible quota; a zone's capacity spent: a stock-out.
+    spot = {"onHostMaintenance": "TERMINATE", "provisioningModel": "SPOT"}
+    done = zonal_done(
+        session, session.post(f"{ZONE_A}/instances", json=gpu_vm("s1", scheduling=spot)).json()
+    )
+    assert "error" not in done
+    assert session.get(f"{ZONE_A}/instances/s1").json()["scheduling"] == {
+        "onHostMaintenance": "TERMINATE",
+        "provisioningModel": "SPOT",
+        "instanceTerminationAction": "STOP",
+        "preemptible": True,
+        "automaticRestart": False,
+    }
+    server.compute.configure({"capacity": {"us-central1-a": {"g2-standard-8": 2}}})
+    done = zonal_done(
+        session, session.post(f"{ZONE_A}/instances", json=gpu_vm("s2", scheduling=spot)).json()
+    )
+    assert done["error"]["errors"][0]["code"] == "ZONE_RESOURCE_POOL_EXHAUSTED"
+    assert session.get(f"{ZONE_A}/instances/s2").status_code == 404
+    machine = session.get(f"{ZONE_A}/machineTypes/g2-standard-8").json()
+    assert (machine["guestCpus"], machine["accelerators"]) == (
+        8,
+        [{"guestAcceleratorType": "nvidia-l4", "guestAcceleratorCount": 1}],
+    )
