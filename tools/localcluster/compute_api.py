@@ -237,11 +237,11 @@ class CapacityError(Exception):
         return apply
 
 
-class QuotaError(CapacityError):
+class QuotaError(Exception):
     """An insert beyond a regional quota: the operation ends DONE with GCE's QUOTA_EXCEEDED."""
 
-    def __init__(self, metric, limit, region):  # its own entry, not CapacityError's
-        Exception.__init__(self, metric)
+    def __init__(self, metric, limit, region):
+        super().__init__(metric)
         self.entry = {
             "code": "QUOTA_EXCEEDED",
             "message": f"Quota '{metric}' exceeded.  Limit: {limit:.1f} in region {region}.",
@@ -721,7 +721,7 @@ class Compute:
         operation, _done_at, apply = self.operations[(project, name)]
         try:
             apply()
-        except CapacityError as error:
+        except (CapacityError, QuotaError) as error:
             operation["error"] = {"errors": [error.entry]}
             operation.update(httpErrorStatusCode=503, httpErrorMessage="SERVICE UNAVAILABLE")
         operation.update(status="DONE", progress=100, endTime=now())

@@ -111,6 +111,7 @@ class VM:
     tags: tuple[str, ...] = ()  # network tags, as on a GCE instance
     machine_type: str = "n2-standard-4"  # what the fake Compute Engine API reports
     labels: dict[str, str] | None = None  # its labels; None: the training label and rank
+    zone: str = "us-central1-a"  # its zone (one of the definition's zones)
 
     @property
     def layout(self) -> dict | None:
@@ -135,6 +136,32 @@ class ClusterSpec:
     zone: str = "us-central1-a"
     # A compact placement policy every VM is in: {name, collocation}, or None.
     placement_policy: dict | None = None
+    # The zones the project has (the fake API serves them all; `zone` is the default one).
+    zones: tuple[str, ...] = ()
+
+    def vm(self, name: str) -> VM:
+        """The VM of that name (KeyError when there is none)."""
+        for vm in self.vms:
+            if vm.name == name:
+                return vm
+        raise KeyError(name)
+
+    def free_index(self, taken: set[int] | frozenset[int] = frozenset()) -> int:
+        """The lowest VM index no VM of the definition holds and not in `taken` (a VM's index
+        gives its addresses: .(10 + index) on every network); ClusterError when the smallest
+        subnet is full."""
+        used = {vm.index for vm in self.vms} | set(taken)
+        index = next(i for i in range(len(used) + 1) if i not in used)
+        if index >= self.capacity():
+            raise ClusterError(
+                f"cluster {self.name}: no free address left for another VM "
+                f"(at most {self.capacity()} VMs fit the smallest subnet)"
+            )
+        return index
+
+    def capacity(self) -> int:
+        """How many VMs the smallest subnet holds (indexes 0..capacity-1)."""
+        return min(n.subnet.num_addresses for n in self.networks.values()) - HOST_OFFSET - 2
 
     def prefix(self) -> str:
         return f"hlf-{self.name}"
@@ -247,28 +274,38 @@ def _network(role: str, raw: dict, default_mtu: int = 1500) -> Network:
     return Network(role, subnet, mtu)
 
 
-def _vm(index: int, raw: dict | str, networks: dict[str, Network]) -> VM:
+def _vm(
+    index: int, raw: dict | str, networks: dict[str, Network], zones: tuple[str, ...] = ()
+) -> VM:
     raw = {"name": raw} if isinstance(raw, str) else dict(raw)
     machine_type = str(raw.pop("machine_type", "n2-standard-4"))
     layout = MACHINE_TYPES.get(machine_type)
     nic = raw.pop("nic", None)
+    position = index
+    index = raw.pop("index", index)
+    zone = str(raw.pop("zone", None) or (zones[0] if zones else "us-central1-a"))
+    if not isinstance(index, int) or isinstance(index, bool) or index < 0:
+        _fail(f"vms[{position}].index {index!r} must be a whole number, 0 or more")
     vm = VM(
-        name=str(raw.pop("name", f"vm{index}")),
+        name=str(raw.pop("name", f"vm{position}")),
         index=index,
+        zone=zone,
         nic=nic or (layout["control_nics"][0] if layout else "ens4"),
         platform=raw.pop("platform", "debian12"),
         second_nic=raw.pop("second_nic", None),
         decoy=raw.pop("decoy", None),
         machine_type=machine_type,
-        labels=_labels(index, raw.pop("labels", None)),
+        labels=_labels(position, raw.pop("labels", None)),
     )
-    where = f"vms[{index}] ({vm.name})"
+    where = f"vms[{position}] ({vm.name})"
     tags = raw.pop("tags", None) or []
     if raw:
         _fail(
             f"{where}: unknown keys {sorted(raw)}; known: name, nic, platform, second_nic, "
-            "decoy, tags, machine_type, labels"
+            "decoy, tags, machine_type, labels, zone, index"
         )
+    if zones and zone not in zones:
+        _fail(f"{where}: zone {zone!r} is not one of the definition's zones {list(zones)}")
     if not isinstance(tags, list) or not all(
         isinstance(t, str) and gce_firewall.NAME_RE.match(t) for t in tags
     ):
@@ -393,8 +430,7 @@ def parse(raw: dict) -> ClusterSpec:
         template = dict((vms_raw or [{}])[0]) if vms_raw else {}
         template.pop("name", None)
         vms_raw = [dict(template, name=f"vm{i}") for i in range(int(nodes))]
-    if not vms_raw:
-        _fail("vms: define at least one VM (or nodes: N)")
+    vms_raw = list(vms_raw or [])  # none: an empty project (VMs come through the API)
     shift = int(raw.get("shift") or 0)
     gpu_mtus = _gpu_network_mtus(vms_raw)
     networks = {
@@ -433,12 +469,20 @@ def parse(raw: dict) -> ClusterSpec:
                     if r in derived
                 )
                 _fail(f"subnets {networks[a].subnet} and {networks[b].subnet} overlap{hint}")
-    vms = tuple(_vm(i, item, networks) for i, item in enumerate(vms_raw))
+    zone = str(raw.get("zone", "us-central1-a"))
+    if not ZONE_RE.match(zone):
+        _fail(f"zone {zone!r} is not a GCE zone name such as us-central1-a")
+    zones = _zones(raw.get("zones"), zone)
+    vms = tuple(_vm(i, item, networks, zones) for i, item in enumerate(vms_raw))
     if len({vm.name for vm in vms}) != len(vms):
         _fail("vms: names must be unique")
+    vms = _indexed(vms, [isinstance(item, dict) and "index" in item for item in vms_raw])
     capacity = min(n.subnet.num_addresses for n in networks.values()) - HOST_OFFSET - 2
-    if len(vms) > capacity:
-        _fail(f"{len(vms)} VMs do not fit the smallest subnet (at most {capacity})")
+    if len(vms) > capacity or any(vm.index >= capacity for vm in vms):
+        _fail(
+            f"{len(vms)} VMs (indexes up to {max(vm.index for vm in vms)}) do not fit the "
+            f"smallest subnet (at most {capacity}, indexes 0..{capacity - 1})"
+        )
     user = str(raw.get("user", "gce"))
     if not re.match(r"^[a-z_][a-z0-9_-]{0,31}$", user) or user == "root":
         _fail(f"user {user!r} must be a plain non-root login name")
@@ -448,9 +492,6 @@ def parse(raw: dict) -> ClusterSpec:
             f"project {project!r} is not a GCP project id: 6-30 lowercase letters, digits "
             "and hyphens, starting with a letter"
         )
-    zone = str(raw.get("zone", "us-central1-a"))
-    if not ZONE_RE.match(zone):
-        _fail(f"zone {zone!r} is not a GCE zone name such as us-central1-a")
     inventory = Path(raw.get("inventory") or f"inventories/local/{name}.yml")
     if not inventory.is_absolute():
         inventory = repo_root() / inventory
@@ -466,7 +507,43 @@ def parse(raw: dict) -> ClusterSpec:
         project=project,
         zone=zone,
         placement_policy=placement,
+        zones=zones,
     )
+
+
+def _zones(raw, zone: str) -> tuple[str, ...]:
+    """The project's zones (`zones:`, default [zone]); the default zone first among them."""
+    if raw is None:
+        return (zone,)
+    if not isinstance(raw, (list, tuple)) or not raw:
+        _fail("zones must be a non-empty list of zone names such as us-central1-a")
+    zones = [str(z) for z in raw]
+    for name in zones:
+        if not ZONE_RE.match(name):
+            _fail(f"zones: {name!r} is not a GCE zone name such as us-central1-b")
+    if len(set(zones)) != len(zones):
+        _fail(f"zones: names must be unique, got {zones}")
+    if zone not in zones:
+        _fail(f"zone {zone!r} is not one of zones {zones}: list it there")
+    return (zone, *[z for z in zones if z != zone])
+
+
+def _indexed(vms: tuple[VM, ...], explicit: list[bool]) -> tuple[VM, ...]:
+    """The VMs with their indexes: a VM's own `index` where it gives one (as state.json keeps
+    the VMs the API created, whose indexes are never another running VM's), else the lowest
+    index no other VM holds, in order (a definition without indexes: 0, 1, 2, ...)."""
+    given = [vm.index for vm, own in zip(vms, explicit, strict=True) if own]
+    repeated = sorted({i for i in given if given.count(i) > 1})
+    if repeated:
+        _fail(f"vms: indexes must be unique, {repeated} repeat")
+    taken, placed = set(given), []
+    for vm, own in zip(vms, explicit, strict=True):
+        if not own:
+            index = next(i for i in range(len(vms) + len(taken) + 1) if i not in taken)
+            taken.add(index)
+            vm = replace(vm, index=index)
+        placed.append(vm)
+    return tuple(placed)
 
 
 def _gpu_network_mtus(vms_raw) -> dict[str, int]:
@@ -510,6 +587,7 @@ def to_raw(definition: ClusterSpec) -> dict:
         "user": definition.user,
         "project": definition.project,
         "zone": definition.zone,
+        "zones": list(definition.zones or (definition.zone,)),
         "inventory": str(definition.inventory),
         "networks": {
             role: {"subnet": str(n.subnet), "mtu": n.mtu} for role, n in definition.networks.items()
@@ -524,6 +602,8 @@ def to_raw(definition: ClusterSpec) -> dict:
                 "machine_type": vm.machine_type,
                 "labels": vm.labels,
                 "tags": list(vm.tags),
+                "zone": vm.zone,
+                "index": vm.index,
             }
             for vm in definition.vms
         ],

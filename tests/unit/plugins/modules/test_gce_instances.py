@@ -139,7 +139,7 @@ def test_check_mode_creates_nothing_and_another_machine_type_is_named(fake):
     assert (result["changed"], result["created"]) == (True, ["trainer-0", "trainer-1"])
     assert inserts(fake) == []
     assert run(fake, **GROUP)["changed"] is True
-    result = run(fake, **dict(GROUP, machine_type="g2-standard-16"))
+    result = run(fake, **{**GROUP, "machine_type": "g2-standard-16"})
     assert result["failed"] is True
     assert "trainer-0 is g2-standard-8" in result["msg"]
 
