@@ -75,3 +75,15 @@ def foreign_labels(labels, required):
         for key, value in sorted((required or {}).items())
         if labels.get(key) != value
     ]
+
+
+def latest_preemption(operations, name):
+    """The insertTime of the latest compute.instances.preempted operation on instance `name`
+    (zoneOperations.list's items), or None."""
+    times = [
+        op.get("insertTime") or ""
+        for op in operations
+        if op.get("operationType") == "compute.instances.preempted"
+        and (op.get("targetLink") or "").rstrip("/").rsplit("/", 1)[-1] == name
+    ]
+    return max(times) if times else None

@@ -49,6 +49,12 @@ options:
     description: With O(state=absent), labels the instance must carry, else nothing is deleted.
     type: dict
     default: {}
+  allow_absent:
+    description:
+      - With O(state=present), an instance that does not exist (a spot VM deleted by its
+        preemption) returns V(absent) as its status instead of failing.
+    type: bool
+    default: false
   timeout:
     description: Seconds each operation, and each wait for the instance's status, may take.
     type: int
@@ -133,6 +139,14 @@ actions:
   type: list
   elements: str
   sample: [setLabels, stop]
+preempted:
+  description:
+    - With O(state=present) and an instance that is not running - the time of its latest
+      preemption in the zone's operation log (operationType compute.instances.preempted), or
+      null when none is there.
+  returned: always
+  type: str
+  sample: "2026-12-04T10:01:02.345-08:00"
 capacity_retries:
   description: Starts refused for capacity before the one that worked.
   returned: always
@@ -210,6 +224,15 @@ class Instance(object):
             operation = self._json(self.session.full_get(link), "reading operation %s" % verb)
         return gce.operation_errors(operation)
 
+    def preempted(self):
+        """The insertTime of the instance's latest preemption (zoneOperations.list), or None."""
+        url = "%sprojects/%s/zones/%s/operations" % (gce.API, self.project, self.zone)
+        query = {"filter": 'operationType = "compute.instances.preempted"'}
+        response = self.session.full_get(url, params=query)
+        if response.status_code >= 400:  # the cause stays unnamed, the status says enough
+            return None
+        return gce.latest_preemption(response.json().get("items") or [], self.name)
+
     def settle(self, state):
         """The instance once its status no longer moves (within the timeout)."""
         deadline = time.time() + self.deadline_s
@@ -237,6 +260,7 @@ def main():
             capacity_retries=dict(type="int", default=3),
             capacity_backoff=dict(type="float", default=30),
             poll_interval=dict(type="float", default=2),
+            allow_absent=dict(type="bool", default=False),
         ),
         supports_check_mode=True,
     )
@@ -245,6 +269,17 @@ def main():
     instance = target.get()
     before = instance.get("status") if instance else None
     actions, retries = [], 0
+    if instance is None and params["state"] == "present" and params["allow_absent"]:
+        module.exit_json(
+            changed=False,
+            status="absent",
+            status_before="absent",
+            labels={},
+            scheduling={},
+            actions=[],
+            capacity_retries=0,
+            preempted=target.preempted(),
+        )
     if instance is None and params["state"] != "absent":
         target.fail("no such instance (its name, zone or project is wrong, or it was deleted)")
     if params["state"] == "absent" and instance is not None:
@@ -302,6 +337,11 @@ def main():
         labels=(final or {}).get("labels") or {},
         scheduling=(final or {}).get("scheduling") or {},
         actions=actions,
+        preempted=(
+            target.preempted()
+            if params["state"] == "present" and before not in (None, "RUNNING")
+            else None
+        ),
         capacity_retries=retries,
     )
 
