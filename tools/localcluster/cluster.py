@@ -18,11 +18,15 @@ offline, as the VMs here cannot reach PyPI; a VM on GCP reaches PyPI and needs n
 from __future__ import annotations
 
 import contextlib
+import datetime
+import fcntl
 import hashlib
 import json
 import os
+import re
 import shutil
 import socket
+import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import asdict
@@ -39,6 +43,9 @@ from .util import ClusterError, log, pipe, run, wait_until
 CLUSTER_LABEL = "hostnet.llamafactory.cluster"
 SPEC_LABEL = "hostnet.llamafactory.cluster.spec"
 VM_LABEL = "hostnet.llamafactory.vm"
+# On the VMs made through the Compute Engine API (gce_control.ClusterBackend.insert), not the
+# definition: `up` keeps them when it finds the cluster up as defined.
+INSERTED_LABEL = "hostnet.llamafactory.vm.inserted"
 EXTERNAL_NIC = "ext0"
 BOOT_DEADLINE_S = 120
 # --privileged fails where the host lacks CAP_SYS_RESOURCE: every other capability instead.
@@ -65,6 +72,28 @@ def cache_dir() -> Path:
 
 def state_dir(spec: ClusterSpec) -> Path:
     return cache_dir() / "localcluster" / spec.name
+
+
+@contextlib.contextmanager
+def state_lock(directory: Path):
+    """Hold STATE_DIR/state.lock (flock, exclusive) while reading and rewriting state.json: the
+    fake API's operations (threads of one process) and the CLI may write it at once. Not
+    re-entrant: take it around a read-modify-write, never around slow work."""
+    directory.mkdir(parents=True, exist_ok=True)
+    with open(directory / "state.lock", "a") as handle:  # a descriptor of its own: threads too
+        fcntl.flock(handle, fcntl.LOCK_EX)
+        try:
+            yield
+        finally:
+            fcntl.flock(handle, fcntl.LOCK_UN)
+
+
+def write_state(directory: Path, state: dict) -> None:
+    """state.json replaced at once (readers never see half of it)."""
+    path = directory / "state.json"
+    tmp = path.with_name(f".state.{os.getpid()}.{threading.get_ident()}.tmp")
+    tmp.write_text(json.dumps(state, indent=2) + "\n")
+    tmp.replace(path)
 
 
 def spec_hash(spec: ClusterSpec) -> str:
@@ -135,8 +164,9 @@ def up(spec: ClusterSpec) -> dict:
         all=True, filters={"label": f"{CLUSTER_LABEL}={spec.name}"}
     )
     if existing:
-        # The VMs decide; the cluster's registry (same cluster label) is kept along with them.
-        vms = [c for c in existing if VM_LABEL in c.labels]
+        # The VMs decide; the cluster's registry (same cluster label) is kept along with them,
+        # and so are the VMs the Compute Engine API made (in state.json, not the definition).
+        vms = [c for c in existing if VM_LABEL in c.labels and INSERTED_LABEL not in c.labels]
         same = all(c.labels.get(SPEC_LABEL) == wanted and c.status == "running" for c in vms)
         if same and len(vms) == len(spec.vms) and (state_dir(spec) / "state.json").exists():
             log(f"cluster {spec.name}: already up as defined")
@@ -147,7 +177,8 @@ def up(spec: ClusterSpec) -> dict:
         log(f"cluster {spec.name}: exists with another definition or stopped; recreating")
         down(spec)
 
-    for platform in sorted({vm.platform for vm in spec.vms}):
+    # The default platform's image too, for the VMs the API creates (an empty project has none).
+    for platform in sorted({vm.platform for vm in spec.vms} | {"debian12"}):
         images.ensure_vm_image(docker_client, images.PLATFORMS[platform], cache_dir())
     probe = images.ensure_probe_image(docker_client, cache_dir())
     wheelhouse = images.ensure_wheelhouse(cache_dir())
@@ -181,7 +212,7 @@ def up(spec: ClusterSpec) -> dict:
         for container in containers:
             container.start()
         log(f"cluster {spec.name}: {len(containers)} VMs started, configuring")
-        with ThreadPoolExecutor(max_workers=min(8, len(containers))) as pool:
+        with ThreadPoolExecutor(max_workers=max(1, min(8, len(containers)))) as pool:
             nodes = list(
                 pool.map(
                     lambda pair: _configure_vm(spec, *pair, public_key, probe),
@@ -209,7 +240,7 @@ def up(spec: ClusterSpec) -> dict:
 
     write_known_hosts(directory, nodes)
     _check_ssh(state)
-    (directory / "state.json").write_text(json.dumps(state, indent=2) + "\n")
+    write_state(directory, state)
     try:
         state = start_services(spec)
     except BaseException:
@@ -343,27 +374,49 @@ def ensure_neighbours(new_vms: int, sysctl: Path = NEIGH_SYSCTL, in_use: int | N
 
 
 def _create_networks(docker_client, spec: ClusterSpec) -> None:
-    used = {role for vm in spec.vms for role, _nic in _vm_networks(spec, vm)}
-    for role, network in spec.networks.items():
-        if role not in used:
+    """The VPC and external networks (an empty project has them too), and those the VMs' NICs
+    need; the others are made when a VM first needs them (ensure_networks)."""
+    used = {"vpc", "external"} | {role for vm in spec.vms for role, _nic in _vm_networks(spec, vm)}
+    ensure_networks(docker_client, spec, used)
+
+
+def ensure_networks(docker_client, spec: ClusterSpec, roles) -> list[str]:
+    """The Docker networks of these roles, made where missing (another thread making one at the
+    same time is fine); returns the roles made."""
+    made = []
+    for role in [r for r in spec.networks if r in set(roles)]:
+        network, name = spec.networks[role], spec.network_name(role)
+        if docker_client.networks.list(names=[name]):
             continue
-        # internal: the host reaches the VMs, nothing is routed beyond them.
-        docker_client.networks.create(
-            spec.network_name(role),
-            driver="bridge",
-            internal=True,
-            labels=_labels(spec),
-            options={"com.docker.network.driver.mtu": str(network.mtu)},
-            ipam=docker.types.IPAMConfig(
-                pool_configs=[
-                    docker.types.IPAMPool(subnet=str(network.subnet), gateway=network.gateway)
-                ]
-            ),
-        )
+        try:
+            # internal: the host reaches the VMs, nothing is routed beyond them.
+            docker_client.networks.create(
+                name,
+                driver="bridge",
+                internal=True,
+                labels=_labels(spec),
+                options={"com.docker.network.driver.mtu": str(network.mtu)},
+                ipam=docker.types.IPAMConfig(
+                    pool_configs=[
+                        docker.types.IPAMPool(subnet=str(network.subnet), gateway=network.gateway)
+                    ]
+                ),
+                check_duplicate=True,
+            )
+            made.append(role)
+        except docker.errors.APIError as exc:
+            if not docker_client.networks.list(names=[name]):
+                raise ClusterError(f"cluster {spec.name}: network {name}: {exc}") from exc
+    return made
 
 
 def _create_vm(
-    docker_client, spec: ClusterSpec, vm: VM, wanted: str, wheelhouse: Path | None = None
+    docker_client,
+    spec: ClusterSpec,
+    vm: VM,
+    wanted: str,
+    wheelhouse: Path | None = None,
+    inserted: bool = False,
 ):
     name = spec.container(vm)
     # A new VM gets a new disk: a volume left by an interrupted `down` would bring back its
@@ -387,7 +440,11 @@ def _create_vm(
         detach=True,
         command=["/lib/systemd/systemd"],
         environment={"container": "docker"},
-        labels=_labels(spec, **{SPEC_LABEL: wanted, VM_LABEL: vm.name}),
+        labels=_labels(
+            spec,
+            **{SPEC_LABEL: wanted, VM_LABEL: vm.name},
+            **({INSERTED_LABEL: "true"} if inserted else {}),
+        ),
         cap_add=["ALL"],
         cap_drop=CAP_DROP,
         security_opt=["seccomp=unconfined", "apparmor=unconfined"],
@@ -471,6 +528,9 @@ WantedBy=multi-user.target
 """
 
 
+# A login with its authorized keys (VM_KEY, one a line) and passwordless sudo: the definition's
+# user, or each user of an API-created VM's `ssh-keys` metadata, as GCE's guest agent makes them
+# (VM_SUDOERS: that user's sudoers file).
 USER_SCRIPT = """
 id -u "$VM_USER" >/dev/null 2>&1 || useradd -m -s /bin/bash "$VM_USER"
 usermod -p '*' "$VM_USER"
@@ -478,9 +538,43 @@ install -d -m 0700 -o "$VM_USER" -g "$VM_USER" "/home/$VM_USER/.ssh"
 printf '%s\\n' "$VM_KEY" > "/home/$VM_USER/.ssh/authorized_keys"
 chown "$VM_USER:$VM_USER" "/home/$VM_USER/.ssh/authorized_keys"
 chmod 0600 "/home/$VM_USER/.ssh/authorized_keys"
-printf '%s ALL=(ALL) NOPASSWD:ALL\\n' "$VM_USER" > /etc/sudoers.d/90-localcluster
-chmod 0440 /etc/sudoers.d/90-localcluster
+sudoers="${VM_SUDOERS:-/etc/sudoers.d/90-localcluster}"
+printf '%s ALL=(ALL) NOPASSWD:ALL\\n' "$VM_USER" > "$sudoers"
+chmod 0440 "$sudoers"
 """
+
+
+def ssh_keys_users(value: str | None) -> dict[str, list[str]]:
+    """The logins of an `ssh-keys` metadata value as GCE's guest agent reads it: lines
+    `USER:KEY` (KEY: `TYPE BASE64 [COMMENT]`), blank and malformed lines skipped, a user's keys
+    in order; a key whose google-ssh comment's expireOn has passed is skipped too."""
+    users: dict[str, list[str]] = {}
+    for line in (value or "").splitlines():
+        user, colon, key = line.strip().partition(":")
+        key = key.strip()
+        if not colon or not USER_RE.match(user) or user == "root" or len(key.split()) < 2:
+            continue
+        if _expired(key):
+            continue
+        users.setdefault(user, []).append(key)
+    return users
+
+
+USER_RE = re.compile(r"^[a-z_][a-z0-9_.-]{0,31}$")
+
+
+def _expired(key: str) -> bool:
+    """A key `... google-ssh {"userName": ..., "expireOn": "2018-12-04T20:12:00+0000"}` whose
+    expiry has passed."""
+    _head, marker, meta = key.partition(" google-ssh ")
+    if not marker:
+        return False
+    try:
+        expiry = json.loads(meta).get("expireOn")
+        when = datetime.datetime.strptime(expiry, "%Y-%m-%dT%H:%M:%S%z")
+    except (ValueError, TypeError, AttributeError):
+        return False
+    return when < datetime.datetime.now(datetime.UTC)
 
 
 def configure_network(spec: ClusterSpec, vm: VM, container) -> None:
@@ -491,6 +585,12 @@ def configure_network(spec: ClusterSpec, vm: VM, container) -> None:
     _exec(container, _rename_script(container, spec, vm))
     if vm.layout:
         _exec(container, standin_devices_script(vm))
+    write_hosts(spec, vm, container)
+
+
+def write_hosts(spec: ClusterSpec, vm: VM, container) -> None:
+    """The VM's /etc/hosts: its peers' names at their VPC addresses (the definition's VMs and
+    the API's), the metadata server's and storage.googleapis.com's."""
     # Like GCP's internal DNS: every VM's name resolves to its VPC address, on every VM.
     hosts = "".join(
         f"{spec.networks['vpc'].address(peer.index)}\t{peer.name}\n" for peer in spec.vms
@@ -531,9 +631,32 @@ def wait_booted(vm: VM, container) -> None:
     )
 
 
-def _configure_vm(spec: ClusterSpec, vm: VM, container, public_key: str, probe: str) -> dict:
+def _configure_vm(
+    spec: ClusterSpec,
+    vm: VM,
+    container,
+    public_key: str | None,
+    probe: str,
+    instance: dict | None = None,
+) -> dict:
+    """Set a started VM up; its state node. `instance`: what an API-created VM's insert asked
+    for beyond the definition's fields (gce_control.instance_extras: metadata items, scheduling,
+    service accounts...): its logins are its `ssh-keys` metadata's (none for `public_key`), its
+    metadata server serves them; the node keeps it."""
     configure_network(spec, vm, container)
-    _exec(container, USER_SCRIPT, env={"VM_USER": spec.user, "VM_KEY": public_key})
+    if public_key is not None:
+        _exec(container, USER_SCRIPT, env={"VM_USER": spec.user, "VM_KEY": public_key})
+    attributes = (instance or {}).get("attributes") or {}
+    for user, keys in ssh_keys_users(attributes.get("ssh-keys")).items():
+        _exec(
+            container,
+            USER_SCRIPT,
+            env={
+                "VM_USER": user,
+                "VM_KEY": "\n".join(keys),
+                "VM_SUDOERS": f"/etc/sudoers.d/91-google-{user.replace('.', '_')}",
+            },
+        )
     wait_booted(vm, container)
     container.reload()
     attached = container.attrs["NetworkSettings"]["Networks"]
@@ -544,7 +667,7 @@ def _configure_vm(spec: ClusterSpec, vm: VM, container, public_key: str, probe: 
     }
     control_nics, gpu_nics = nic_entries(spec, vm, macs_by_role)
     macs = _macs([*control_nics, *gpu_nics])
-    instance_id = _start_metadata_server(spec, vm, container, vpc_mac, macs)
+    instance_id = _start_metadata_server(spec, vm, container, vpc_mac, macs, instance)
     pipe(
         ["docker", "save", probe],
         ["docker", "exec", "-i", container.name, "docker", "load", "-q"],
@@ -575,7 +698,7 @@ def _configure_vm(spec: ClusterSpec, vm: VM, container, public_key: str, probe: 
         "decoy_address": spec.networks["decoy"].address(vm.index) if vm.decoy else None,
         "vpc_mac": vpc_mac,
         "project": spec.project,
-        "zone": spec.zone,
+        "zone": vm.zone,
         "machine_type": vm.machine_type,
         # A GPU machine type's NICs ([] otherwise), GCP's order, each {name, address, network
         # (its role), gce_network (its GCE name), mtu, mac, pci_slot (None: GCP publishes
@@ -584,6 +707,7 @@ def _configure_vm(spec: ClusterSpec, vm: VM, container, public_key: str, probe: 
         "gpu_nics": gpu_nics,
         "instance_id": instance_id,
         "host_key": host_key,
+        **({"instance": instance} if instance is not None else {}),
     }
 
 
@@ -629,11 +753,15 @@ def metadata_document(
     vpc_mac: str,
     external_ip: str | None = None,
     macs: dict[str, str] | None = None,
+    instance: dict | None = None,
+    preempted: bool = False,
 ) -> dict:
     """What the VM's metadata server answers: its name, zone, project, machine type, nic0 (the
     VPC NIC) with the external address as its access config; for a GPU machine type its other
     NICs after nic0 in GCP's order (the second control NIC, then the GPU NICs), `macs` giving
-    their MACs by NIC name (Docker's address-derived MAC where it does not)."""
+    their MACs by NIC name (Docker's address-derived MAC where it does not). `instance`: an
+    API-created VM's insert (its node's "instance": attributes, scheduling, service accounts,
+    tags); `preempted`: instance/preempted TRUE (GCE's notice before it stops a spot VM)."""
     vpc = spec.networks["vpc"]
     more = []
     for nic in machine_nics(vm)[1:]:
@@ -649,9 +777,10 @@ def metadata_document(
                 "gateway": network.gateway,
             }
         )
+    instance = instance or {}
     return gce_metadata.vm_document(
         project=spec.project,
-        zone=spec.zone,
+        zone=vm.zone,
         name=vm.name,
         instance_id=gce_metadata.numeric_id(f"{spec.project}/{spec.name}/{vm.name}", digits=19),
         machine_type=vm.machine_type,
@@ -662,6 +791,26 @@ def metadata_document(
         mtu=vpc.mtu,
         external_ip=external_ip or spec.networks["external"].address(vm.index),
         more_nics=more or None,
+        tags=list(vm.tags),
+        attributes=instance.get("attributes"),
+        scheduling=instance.get("scheduling"),
+        service_accounts=instance.get("serviceAccounts"),
+        preempted=preempted,
+    )
+
+
+def node_document(
+    spec: ClusterSpec, node: dict, external_ip: str | None = None, preempted: bool = False
+) -> dict:
+    """metadata_document of a state node (its VM, MACs, external address, insert's extras)."""
+    return metadata_document(
+        spec,
+        spec.vm(node["name"]),
+        node["vpc_mac"],
+        external_ip=external_ip or node["external_address"],
+        macs=node_macs(node),
+        instance=node.get("instance"),
+        preempted=preempted,
     )
 
 
@@ -671,25 +820,22 @@ def renew_external_address(spec: ClusterSpec, vm: VM, container, directory: Path
     address (from the top of the subnet down); state.json, known_hosts, the static inventory and
     the VM's metadata follow. Returns the new address."""
     path = directory / "state.json"
-    state = json.loads(path.read_text())
-    node = next(n for n in state["nodes"] if n["name"] == vm.name)
-    network = spec.networks["external"]
-    used = {n["external_address"] for n in state["nodes"]} | {network.gateway}
-    used |= {network.address(peer.index) for peer in spec.vms}
-    address = next(str(a) for a in reversed(list(network.subnet.hosts())) if str(a) not in used)
-    external = client().networks.get(spec.network_name("external"))
-    external.disconnect(container, force=True)
-    external.connect(container, ipv4_address=address)
-    node["external_address"] = address
-    tmp = path.with_suffix(".renew")
-    tmp.write_text(json.dumps(state, indent=2) + "\n")
-    tmp.replace(path)
-    write_known_hosts(directory, state["nodes"])
-    write_inventory(spec, state)
-    gce_metadata.publish(
-        container.name,
-        metadata_document(spec, vm, node["vpc_mac"], external_ip=address, macs=node_macs(node)),
-    )
+    with state_lock(directory):
+        state = json.loads(path.read_text())
+        node = next(n for n in state["nodes"] if n["name"] == vm.name)
+        network = spec.networks["external"]
+        used = {n["external_address"] for n in state["nodes"]} | {network.gateway}
+        used |= {network.address(peer.index) for peer in spec.vms}
+        used |= {network.address(index) for index in (state.get("pending") or {}).values()}
+        address = next(str(a) for a in reversed(list(network.subnet.hosts())) if str(a) not in used)
+        external = client().networks.get(spec.network_name("external"))
+        external.disconnect(container, force=True)
+        external.connect(container, ipv4_address=address)
+        node["external_address"] = address
+        write_state(directory, state)
+        write_known_hosts(directory, state["nodes"])
+        write_inventory(spec, state)
+    gce_metadata.publish(container.name, node_document(spec, node, external_ip=address))
     return address
 
 
@@ -711,10 +857,15 @@ def _put(container, path: str, text: str) -> None:
 
 
 def _start_metadata_server(
-    spec: ClusterSpec, vm: VM, container, vpc_mac: str, macs: dict[str, str]
+    spec: ClusterSpec,
+    vm: VM,
+    container,
+    vpc_mac: str,
+    macs: dict[str, str],
+    instance: dict | None = None,
 ) -> int:
     """Install the metadata server and its document into the VM, start it; the VM's id."""
-    document = metadata_document(spec, vm, vpc_mac, macs=macs)
+    document = metadata_document(spec, vm, vpc_mac, macs=macs, instance=instance)
     gce_metadata.publish(container.name, document)
     _put(container, METADATA_SCRIPT, Path(gce_metadata.__file__).read_text())
     # The key its tokens are signed with, which the box's Cloud Storage checks them by.
@@ -770,9 +921,10 @@ def ssh_command(state: dict, address: str, *command: str) -> list[str]:
 
 def write_known_hosts(directory: Path, nodes: list[dict]) -> None:
     """Each VM's host key under its external address (the address ssh is given)."""
-    (directory / "known_hosts").write_text(
-        "".join(f"{n['external_address']} {n['host_key']}\n" for n in nodes)
-    )
+    path = directory / "known_hosts"
+    tmp = path.with_name(f".known_hosts.{os.getpid()}.{threading.get_ident()}.tmp")
+    tmp.write_text("".join(f"{n['external_address']} {n['host_key']}\n" for n in nodes))
+    tmp.replace(path)
 
 
 def write_inventory(spec: ClusterSpec, state: dict) -> Path:
@@ -782,9 +934,11 @@ def write_inventory(spec: ClusterSpec, state: dict) -> Path:
     )
     hosts = {}
     for node in state["nodes"]:
+        # An API-created VM's rank is its label's (the collection's GCP path reads it so too).
+        rank = (node.get("instance") or {}).get("labels", {}).get("llamafactory-rank", "")
         hosts[node["name"]] = {
             "ansible_host": node["external_address"],
-            "llamafactory_node_rank": node["index"],
+            "llamafactory_node_rank": int(rank) if rank.isdigit() else node["index"],
         }
     inventory = {
         "all": {
@@ -856,11 +1010,16 @@ def write_gcp_inventory(spec: ClusterSpec, state: dict, login: dict) -> Path:
     gce = state["gce"]
     header = (
         f"# Written by `localcluster up` for the local cluster {spec.name!r}: the shipped\n"
-        "# inventories/gcp_compute.yml, only its project, zones and credentials the box's.\n"
+        "# inventories/gcp_compute.yml, only its project, zones (every zone of the box's\n"
+        "# project, where the collection may create VMs) and credentials the box's.\n"
         '# Needs the box\'s proxy and CA in the environment: eval "$(./dev cluster env)".\n'
     )
     (folder / "gcp_compute.yml").write_text(
-        header + yaml.safe_dump(gcp_compute_config(gce), sort_keys=False)
+        header
+        + yaml.safe_dump(
+            {**gcp_compute_config(gce), "zones": list(spec.zones or [gce["zone"]])},
+            sort_keys=False,
+        )
     )
     box = {key: value for key, value in login.items() if key != "llamafactory_platform"}
     box.update(

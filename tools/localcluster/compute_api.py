@@ -40,36 +40,70 @@ For the google.cloud.gcp_compute inventory plugin (.../rest/v1/instances/aggrega
   subnetwork links, networkIP, and accessConfigs [{natIP, type ONE_TO_ONE_NAT, name External
   NAT}] only where given (a VM without an external IP has none).
 
-Placement (.../rest/v1/resourcePolicies/get): GET .../projects/P/regions/R/resourcePolicies/NAME
-(permission compute.resourcePolicies.get) answers the backend's placement policies
-(compute#resourcePolicy with a groupPlacementPolicy {vmCount, collocation}, status READY; the
-backend's instances list them in resourcePolicies); 404 for another name or region, and always
-without a backend.
+Placement (.../rest/v1/resourcePolicies, .../regionOperations/get), kept in memory in both modes:
+POST .../projects/P/regions/R/resourcePolicies (compute.resourcePolicies.create: name required
+and checked, a groupPlacementPolicy {collocation COLLOCATED or UNSPECIFIED_COLLOCATION, vmCount
+and availabilityDomainCount optional, positive}, no other kind; 409 alreadyExists, a pending
+insert included) answers a regional operation, polled at GET .../regions/R/operations/NAME
+(compute.regionOperations.get); GET .../resourcePolicies/NAME (compute.resourcePolicies.get)
+answers the backend's placement policies merged with those inserted (compute#resourcePolicy,
+status READY); DELETE (compute.resourcePolicies.delete) is a 400 resourceInUseByAnotherResource
+("The resource_policy resource '...' is already being used by '.../instances/I'") while an
+instance lists it in resourcePolicies, else a regional operation. 404 for another name or a
+region without zones.
 
 Creating instances (.../rest/v1/instances/insert, .../machineTypes/get, .../regions/get):
 
-- POST .../projects/P/zones/Z/instances (compute.instances.create): name and machineType
-  required (400 required / invalid, an unknown type named), 409 alreadyExists, labels checked
-  as setLabels does, a GPU type (or guestAccelerators) without scheduling.onHostMaintenance
-  TERMINATE refused as GCE does ("Instances with guest accelerators do not support live
-  migration."); SPOT gets preemptible true and instanceTerminationAction STOP unless given.
-  The zone's capacity (config "capacity": {ZONE: {TYPE: N}}: at most N not TERMINATED) and the
-  region's quotas are taken when the request arrives, counting the inserts still running; beyond
-  them the insert is accepted and its operation ends DONE with ZONE_RESOURCE_POOL_EXHAUSTED or
-  QUOTA_EXCEEDED ("Quota 'M' exceeded.  Limit: L in region R."), nothing created. Without a
-  backend the instance is stored as PUT instances does; with one, backend.insert(zone, body) runs
-  in the operation's thread.
+- POST .../projects/P/zones/Z/instances (compute.instances.create): name required and matching
+  NAME_RE (400 required / invalid); machineType required, a URL or partial URL
+  (zones/Z/machineTypes/T) of the instance's zone, else 400 invalid ("Must be a URL to a valid
+  Compute resource...", "... in a different scope than the instance.", "Machine type with name
+  'T' does not exist in zone 'Z'."); 409 alreadyExists (a pending insert included); labels
+  checked as setLabels does; scheduling: provisioningModel STANDARD (default) or SPOT,
+  instanceTerminationAction STOP or DELETE; SPOT gets preemptible true, instanceTerminationAction
+  STOP, automaticRestart false and onHostMaintenance TERMINATE unless given (MIGRATE or a restart
+  given: 400 "Scheduling must have preemptible be false when OnHostMaintenance isn't
+  TERMINATE."), STANDARD automaticRestart true and MIGRATE; a GPU type (or guestAccelerators)
+  not TERMINATE on host maintenance is refused as GCE does (400 "Instances with guest
+  accelerators do not support live migration."); each resourcePolicies link must name a policy
+  of the zone's region (404 else); each network must exist (404). The answer is a zonal
+  operation (insert); the instance exists when it is DONE, as instances.get answers it: kind,
+  id, creationTimestamp, status RUNNING, machineType and zone links, labels and labelFingerprint,
+  metadata {kind, fingerprint, items}, scheduling with its defaults, networkInterfaces (nicN,
+  network and subnetwork links, networkIP from the region's default subnet range, and a natIP
+  for each ONE_TO_ONE_NAT access config), disks (a new disk named after the instance, as
+  .../zones/Z/disks/NAME), serviceAccounts ("default" as the project's Compute Engine default
+  account), resourcePolicies and guestAccelerators as full links.
+  The zone's capacity (config "capacity": {ZONE: {TYPE: N}}: at most N not TERMINATED; a zone or
+  type absent is unlimited) and the region's quotas are taken when the request arrives, counting
+  the inserts still running (two parallel inserts cannot both take the last slot); beyond them the
+  insert is accepted and its operation ends DONE with ZONE_RESOURCE_POOL_EXHAUSTED or
+  QUOTA_EXCEEDED ("Quota 'M' exceeded.  Limit: L in region R."), nothing created. Starting a
+  TERMINATED VM takes capacity and quotas again (the same errors; it stays TERMINATED); a stopped
+  or deleted one frees them. Without a backend the instance is stored in memory; with one,
+  backend.insert(zone, body) runs in the operation's thread (body: the request with scheduling's
+  defaults, machineType as the type's short name, resourcePolicies as full links), and the
+  instance is the backend's from then on.
 - GET .../zones/Z/machineTypes/T: tools/localcluster/machine_types.py's table (guestCpus,
   memoryMb, accelerators); 404 for another type.
-- GET .../regions/R: status UP, its zones, and quotas [{metric, limit, usage}]: the limits of
-  machine_types.DEFAULT_LIMITS under config "quotas": {REGION: {METRIC: LIMIT}}, the usage of
-  the region's instances not TERMINATED (vCPUs by family, GPUs - a spot VM's against the
-  preemptible metric where its limit is above 0 - and external addresses).
+- GET .../regions/R: status UP, its zones, and quotas [{metric, limit, usage}] (numbers): the
+  limits of machine_types.DEFAULT_LIMITS under config "quotas": {REGION: {METRIC: LIMIT}}, the
+  usage of the region's instances not TERMINATED (vCPUs by family, GPUs - a spot VM's against
+  the preemptible metric where its limit is above 0, GCE's rule - and external addresses). Only
+  the metrics of compute.v1.json's Quota enum are listed; machine_types.UNLISTED ones
+  (NVIDIA_H100_GPUS, NVIDIA_H200_GPUS, NVIDIA_B200_GPUS...) are enforced at insert all the same.
+- The zones that exist: config "zones": [ZONE...] (default ZONES and the backend's zone), and
+  any zone holding an instance; a region exists where one of its zones does.
 
 Per zone (.../rest/v1/instances, .../zoneOperations), over the same instances:
 
 - GET .../projects/P/zones/Z/instances (compute#instanceList; `filter` as above, every match on
-  one page) and .../instances/NAME; POST .../instances/NAME/stop, /start, /reset, /setLabels
+  one page) and .../instances/NAME;
+- GET .../projects/P/zones/Z/operations (compute.zoneOperations.list): a compute#operationList
+  of the zone's operations, system events included, in order of insertTime (orderBy
+  "creationTimestamp desc": newest first); `filter` as above (operationType =
+  "compute.instances.preempted", (targetLink = "...") terms), paged as the aggregated list;
+- POST .../instances/NAME/stop, /start, /reset, /setLabels
   (body {"labels", "labelFingerprint"}: a fingerprint other than the instance's current
   labelFingerprint is a 412 conditionNotMet; label keys and values checked as GCE does) and
   DELETE .../instances/NAME: each answers a zonal compute#operation, polled at GET
@@ -77,7 +111,8 @@ Per zone (.../rest/v1/instances, .../zoneOperations), over the same instances:
   the static instances change in memory: stop makes one TERMINATED without natIP, start RUNNING
   with it, reset needs a RUNNING one (400 resourceNotReady otherwise), delete removes it.
 - With a backend (`--cluster STATE_DIR`: tools/localcluster/gce_control.py's ClusterBackend, the
-  local cluster's VMs), the instances are the backend's, read live at every request, and a write
+  local cluster's VMs), the instances are the backend's, read live at every request, each in the
+  zone its own "zone" link names (the backend's VMs may lie in several zones), and a write
   runs the backend's stop/start/reset/delete/set_labels(NAME[, labels]) in a thread of its own:
   the operation is RUNNING until that returns, then DONE (with "error" if it raised). A firewall
   write that lands calls backend.firewalls_landed(every rule of the project).
@@ -125,14 +160,21 @@ requests, GET history (every entry since the start, which neither reset nor DELE
 POST reset, POST config ({"operation_seconds": N or null for never, "deny": [PERMISSION...],
 "start_capacity_errors": N (the next N instances.start operations end DONE with the error
 ZONE_RESOURCE_POOL_EXHAUSTED, the instance left TERMINATED, as a zone's stock-out does),
-"capacity" and "quotas" (above),
+"capacity", "quotas" and "zones" (above),
 "projects": {P: [NETWORK...]}, "page_size": N or null: at most N items a list's page, as the
 real API may return fewer than maxResults, "storage": "HOST:PORT" or null: where CONNECT to
 storage.googleapis.com is relayed}), GET firewalls, PUT firewalls/P/NAME (edit a rule behind
 the API's back, as someone in the console would; kind, id, creationTimestamp, name and selfLink
 are filled in where missing, as every stored rule has them; answers the rule), GET instances,
 PUT instances/P/ZONE/NAME (body: the instance resource; the fake fills in what the API always
-returns and answers the result).
+returns and answers the result), POST preempt {"project", "zone", "name"} (project and zone
+default to the backend's): GCE preempting a Spot (or preemptible) VM - 404 for an unknown one,
+400 for a standard or not RUNNING one - records a system operation in the zone's operations
+(name systemevent-..., operationType compute.instances.preempted, user "system", status DONE,
+statusMessage "Instance was preempted."), then stops the VM (TERMINATED, natIP released) or
+deletes it, per its scheduling.instanceTerminationAction; with a backend, backend.preempt(NAME)
+runs in a thread of its own (it stops or deletes the VM itself); answers {"operation": NAME} at
+once.
 
 Usage: python compute_api.py start|stop|serve --state DIR [--idle SECONDS] [--cluster STATE_DIR]
   start daemonizes, waits until it answers, and writes DIR/client.json (proxy, CA, token,
@@ -197,6 +239,16 @@ DEFAULT_PROJECTS = {"hlf-test": ["default", "hlf-net"]}
 # Every project's zones in an aggregated list (with the zones that hold an instance).
 ZONES = ("europe-west4-a", "us-central1-a", "us-central1-b", "us-central1-c")
 MAX_RESULTS = 500
+# The default network's subnet in a region (auto mode's ranges); inserts take addresses there.
+SUBNET_RANGES = {
+    "us-central1": "10.128.0.0/20",
+    "europe-west1": "10.132.0.0/20",
+    "us-west1": "10.138.0.0/20",
+    "asia-east1": "10.140.0.0/20",
+    "us-east1": "10.142.0.0/20",
+    "us-east4": "10.150.0.0/20",
+    "europe-west4": "10.164.0.0/20",
+}
 # The query parameters every method takes (the discovery document's standard parameters), and
 # those of the list methods.
 STANDARD_QUERY = {
@@ -311,6 +363,12 @@ class Compute:
             self.capacity = {}  # zone -> {machine type: how many may exist}
             self.quotas = {}  # region -> {metric: limit} over machine_types.DEFAULT_LIMITS
             self.creating = {}  # (project, zone, name) -> the instance while its insert runs
+            self.zone_names = None  # config "zones": the zones that exist (None: the defaults)
+            # (project, region, name) -> an inserted resource policy, or None for a backend's
+            # policy deleted here
+            self.policies = {}
+            self.policy_inserts = {}  # (project, region, name) -> its insert's operation
+            self.nat_count = itertools.count(2)  # external addresses handed out by inserts
             self.log = []
 
     def configure(self, config):
@@ -329,6 +387,9 @@ class Compute:
                 self.capacity = {z: dict(t) for z, t in (config["capacity"] or {}).items()}
             if "quotas" in config:
                 self.quotas = {r: dict(q) for r, q in (config["quotas"] or {}).items()}
+            if "zones" in config:
+                zones = config["zones"]
+                self.zone_names = None if zones is None else [str(z) for z in zones]
             if "start_capacity_errors" in config:
                 self.start_capacity_errors = max(0, int(config["start_capacity_errors"]))
             if "storage" in config:
@@ -371,6 +432,16 @@ class Compute:
             check_query(query)
             return self._region(*match.groups())
         match = re.fullmatch(
+            r"/compute/v1/projects/([^/]+)/regions/([^/]+)/operations/([^/]+)", path
+        )
+        if match:
+            if method != "GET":
+                raise ApiError(405, "httpMethodNotAllowed", "Method not allowed")
+            check_query(query)
+            project, region, name = match.groups()
+            self._known_region(project, region)
+            return self._get_operation(project, name, region=region)
+        match = re.fullmatch(
             r"/compute/v1/projects/([^/]+)/zones/([^/]+)/(instances|operations)"
             r"(?:/([^/]+)(?:/(stop|start|reset|setLabels))?)?",
             path,
@@ -378,13 +449,20 @@ class Compute:
         if match:
             return self._zonal(method, *match.groups(), query, body)
         match = re.fullmatch(
-            r"/compute/v1/projects/([^/]+)/regions/([^/]+)/resourcePolicies/([^/]+)", path
+            r"/compute/v1/projects/([^/]+)/regions/([^/]+)/resourcePolicies(?:/([^/]+))?", path
         )
         if match:
-            if method != "GET":
+            project, region, name = match.groups()
+            if (method, name is None) == ("POST", True):
+                check_query(query, "requestId")
+                return self._insert_resource_policy(project, region, body)
+            if name is None or method not in ("GET", "DELETE"):
                 raise ApiError(405, "httpMethodNotAllowed", "Method not allowed")
+            if method == "DELETE":
+                check_query(query, "requestId")
+                return self._delete_resource_policy(project, region, name)
             check_query(query)
-            return self._resource_policy(*match.groups())
+            return self._resource_policy(project, region, name)
         match = re.fullmatch(r"/compute/v1/projects/([^/]+)/aggregated/instances", path)
         if match:
             if match.group(1) not in self.projects:
@@ -425,19 +503,107 @@ class Compute:
             return self._delete(project, name)
         raise ApiError(405, "httpMethodNotAllowed", "Method not allowed")
 
-    def _resource_policy(self, project, region, name):
-        """resourcePolicies.get: the backend's placement policies (none without one)."""
+    def _known_region(self, project, region):
         self._known_project(project)
-        regions = {z.rsplit("-", 1)[0] for z in self._zones(project, self.instances)}
-        if region not in regions:
+        if region not in {region_of(z) for z in self._zones(project)}:
             raise not_found(f"projects/{project}/regions/{region}")
+
+    def _policies(self, project, region):
+        """name -> resource policy of the region: the backend's, merged with those inserted here
+        (less those deleted here)."""
+        found = {}
+        if self.backend is not None and project == self.backend.project:
+            for policy in self.backend.resource_policies():
+                if policy["region"].endswith(f"/regions/{region}"):
+                    found[policy["name"]] = policy
+        for (p, r, name), policy in self.policies.items():
+            if (p, r) == (project, region):
+                if policy is None:
+                    found.pop(name, None)
+                else:
+                    found[name] = policy
+        return found
+
+    def _resource_policy(self, project, region, name):
+        """resourcePolicies.get."""
+        self._known_region(project, region)
         resource = f"projects/{project}/regions/{region}/resourcePolicies/{name}"
         self._check("compute.resourcePolicies.get", resource)
-        policies = self.backend.resource_policies() if self.backend is not None else []
-        for policy in policies:
-            if policy["name"] == name and policy["region"].endswith(f"/regions/{region}"):
-                return policy
-        raise not_found(resource)
+        policy = self._policies(project, region).get(name)
+        if policy is None:
+            raise not_found(resource)
+        return copy.deepcopy(policy)
+
+    def _insert_resource_policy(self, project, region, body):
+        """resourcePolicies.insert: a placement policy (groupPlacementPolicy), kept in memory."""
+        self._known_region(project, region)
+        body = body if isinstance(body, dict) else {}
+        name = body.get("name")
+        if not name:
+            raise required("resource.name")
+        if not NAME_RE.match(str(name)):
+            raise invalid("resource.name", name, f"Must be a match of regex '{NAME_RE.pattern}'")
+        resource = f"projects/{project}/regions/{region}/resourcePolicies/{name}"
+        self._check("compute.resourcePolicies.create", resource)
+        placement = body.get("groupPlacementPolicy")
+        if not isinstance(placement, dict):
+            why = "The fake knows placement policies only (groupPlacementPolicy)."
+            raise invalid("resource.groupPlacementPolicy", placement, why)
+        collocation = placement.get("collocation", "UNSPECIFIED_COLLOCATION")
+        if collocation not in ("COLLOCATED", "UNSPECIFIED_COLLOCATION"):
+            raise invalid("resource.groupPlacementPolicy.collocation", collocation, "Unknown.")
+        for field in ("vmCount", "availabilityDomainCount"):
+            value = placement.get(field)
+            if value is not None and (not isinstance(value, int) or value < 1):
+                why = "Must be a positive integer."
+                raise invalid(f"resource.groupPlacementPolicy.{field}", value, why)
+        key = (project, region, name)
+        pending = self.policy_inserts.get(key)
+        if name in self._policies(project, region) or (pending and pending["status"] != "DONE"):
+            raise ApiError(409, "alreadyExists", f"The resource '{resource}' already exists")
+        region_link = f"{LINK}projects/{project}/regions/{region}"
+        policy = {
+            "kind": "compute#resourcePolicy",
+            "id": str(next(self.ids)),
+            "creationTimestamp": now(),
+            "selfLink": f"{LINK}{resource}",
+            "region": region_link,
+            "name": name,
+            "status": "READY",
+            "groupPlacementPolicy": {k: v for k, v in placement.items() if v is not None},
+        }
+        if body.get("description"):
+            policy["description"] = body["description"]
+
+        def apply():
+            self.policies[key] = policy
+
+        operation = self._operation(project, "insert", policy, apply, region=region)
+        self.policy_inserts[key] = self.operations[(project, operation["name"])][0]
+        return operation
+
+    def _delete_resource_policy(self, project, region, name):
+        """resourcePolicies.delete: refused while an instance uses the policy, as GCE does."""
+        self._known_region(project, region)
+        resource = f"projects/{project}/regions/{region}/resourcePolicies/{name}"
+        policy = self._policies(project, region).get(name)
+        if policy is None:
+            raise not_found(resource)
+        self._check("compute.resourcePolicies.delete", resource)
+        every = {**self._instance_table(), **self.creating}
+        for (p, zone, instance), found in sorted(every.items()):
+            links = [link_path(link) for link in found.get("resourcePolicies") or []]
+            if p == project and resource in links:
+                user = f"projects/{project}/zones/{zone}/instances/{instance}"
+                message = (
+                    f"The resource_policy resource '{resource}' is already being used by '{user}'"
+                )
+                raise ApiError(400, "resourceInUseByAnotherResource", message)
+
+        def apply():
+            self.policies[(project, region, name)] = None
+
+        return self._operation(project, "delete", policy, apply, region=region)
 
     def _known_project(self, project):
         if project not in self.projects:
@@ -646,26 +812,30 @@ class Compute:
             del rule[field]
         return rule
 
-    def _operation(self, project, kind, rule, apply, zone=None, background=False):
-        """An operation on `rule` (any resource with a selfLink); `apply` lands the change when it
-        is DONE, or, `background`, runs at once in a thread of its own and makes it DONE."""
+    def _operation(self, project, kind, rule, apply, zone=None, background=False, region=None):
+        """An operation on `rule` (any resource with a selfLink), zonal, regional or global;
+        `apply` lands the change when it is DONE, or, `background`, runs at once in a thread of
+        its own and makes it DONE."""
         name = f"operation-{next(self.ids)}-{secrets.token_hex(4)}"
-        scope = f"projects/{project}/zones/{zone}" if zone else f"projects/{project}/global"
+        scope = operation_scope(project, zone, region)
         operation = {
             "kind": "compute#operation",
             "id": str(next(self.ids)),
             "name": name,
             "operationType": kind,
             "targetLink": rule["selfLink"],
-            "targetId": rule.get("id", ""),
             "status": "PENDING",
             "user": "fake@example.com",
             "progress": 0,
             "insertTime": now(),
             "selfLink": f"{LINK}{scope}/operations/{name}",
         }
+        if rule.get("id"):
+            operation["targetId"] = rule["id"]
         if zone:
             operation["zone"] = f"{LINK}projects/{project}/zones/{zone}"
+        if region:
+            operation["region"] = f"{LINK}projects/{project}/regions/{region}"
         if background:
             self.operations[(project, name)] = [operation, None, apply]
             answer = copy.deepcopy(operation)
@@ -695,13 +865,12 @@ class Compute:
                 operation.update(httpErrorStatusCode=500, httpErrorMessage="INTERNAL SERVER ERROR")
             operation.update(status="DONE", progress=100, endTime=now())
 
-    def _get_operation(self, project, name, zone=None):
-        scope = f"projects/{project}/zones/{zone}" if zone else f"projects/{project}/global"
-        permission = "compute.zoneOperations.get" if zone else "compute.globalOperations.get"
-        self._check(permission, f"{scope}/operations/{name}")
+    def _get_operation(self, project, name, zone=None, region=None):
+        scope = operation_scope(project, zone, region)
+        kind = "zone" if zone else "region" if region else "global"
+        self._check(f"compute.{kind}Operations.get", f"{scope}/operations/{name}")
         entry = self.operations.get((project, name))
-        zone_link = f"{LINK}projects/{project}/zones/{zone}" if zone else None
-        if entry is None or entry[0].get("zone") != zone_link:
+        if entry is None or entry[0]["selfLink"] != f"{LINK}{scope}/operations/{name}":
             raise not_found(f"{scope}/operations/{name}")
         operation = entry[0]
         if operation["status"] == "PENDING":
@@ -737,31 +906,42 @@ class Compute:
         the static ones; each with the labelFingerprint of its current labels."""
         if self.backend is None:
             table = copy.deepcopy(self.instances)
-        else:
+        else:  # each in its own zone (the backend's VMs may lie in several)
             table = {
-                (self.backend.project, self.backend.zone, i["name"]): i
+                (self.backend.project, link_name(i.get("zone")) or self.backend.zone, i["name"]): i
                 for i in self.backend.instances()
             }
         for instance in table.values():
             instance["labelFingerprint"] = label_fingerprint(instance.get("labels") or {})
         return table
 
-    def _zones(self, project, table):
-        zones = {*ZONES, *(zone for p, zone, _name in table if p == project)}
-        if self.backend is not None and project == self.backend.project:
-            zones.add(self.backend.zone)
+    def _zones(self, project, table=None):
+        """The project's zones: config "zones" (by default ZONES and the backend's zone), and
+        any zone holding one of its instances."""
+        table = self.instances if table is None else table
+        if self.zone_names is not None:
+            zones = set(self.zone_names)
+        else:
+            zones = set(ZONES)
+            if self.backend is not None and project == self.backend.project:
+                zones.add(self.backend.zone)
+        zones.update(zone for p, zone, _name in table if p == project)
         return sorted(zones)
 
     def _zonal(self, method, project, zone, kind, name, action, query, body):
         if project not in self.projects:
             raise not_found(f"projects/{project}")
-        if zone not in self._zones(project, self.instances):  # the backend's zone included
+        table = self._instance_table()
+        if zone not in self._zones(project, table):  # the backend's zones included
             raise not_found(f"projects/{project}/zones/{zone}")
         if kind == "operations":
-            if method != "GET" or not name or action:
+            if method != "GET" or action:
                 raise ApiError(405, "httpMethodNotAllowed", "Method not allowed")
+            if name is None:
+                check_query(query, *LIST_QUERY)
+                return self._list_operations(project, zone, query)
+            check_query(query)
             return self._get_operation(project, name, zone)
-        table = self._instance_table()
         if name is None and method == "POST":
             check_query(query, "requestId", "sourceInstanceTemplate", "sourceMachineImage")
             return self._insert_instance(project, zone, table, body)
@@ -791,6 +971,13 @@ class Compute:
             return self._operation(
                 project, kind, instance, CapacityError.raise_for(project, zone), zone=zone
             )
+        if verb == "start" and instance.get("status") == "TERMINATED":
+            # A stopped VM takes the zone's capacity and the region's quotas again.
+            machine = link_name(instance.get("machineType"))
+            running = {**instance, "status": "RUNNING"}
+            refusal = self._refusal(project, zone, machine, running, table)
+            if refusal is not None:
+                return self._operation(project, kind, instance, raiser(refusal), zone=zone)
         if self.backend is not None:
             apply = functools.partial(getattr(self.backend, method_name), name, *args)
             return self._operation(project, kind, instance, apply, zone=zone, background=True)
@@ -840,8 +1027,9 @@ class Compute:
             "status": "UP",
             "zones": [f"{LINK}projects/{project}/zones/{z}" for z in zones],
             "quotas": [
-                {"metric": metric, "limit": limit, "usage": used.get(metric, 0.0)}
+                {"metric": metric, "limit": float(limit), "usage": used.get(metric, 0.0)}
                 for metric, limit in sorted(self._limits(region).items())
+                if metric not in machine_types.UNLISTED
             ],
             "selfLink": f"{LINK}projects/{project}/regions/{region}",
             "supportsPzs": False,
@@ -851,7 +1039,7 @@ class Compute:
         """instances.insert: checked as GCE checks it; the zone's capacity (config) and the
         region's quotas are taken when the request arrives (with the inserts still running), and
         a request beyond them ends DONE with GCE's error, nothing created."""
-        body = body if isinstance(body, dict) else {}
+        body = copy.deepcopy(body) if isinstance(body, dict) else {}
         name = body.get("name")
         if not name:
             raise required("resource.name")
@@ -863,46 +1051,21 @@ class Compute:
             )
         resource = f"projects/{project}/zones/{zone}/instances/{name}"
         self._check("compute.instances.create", resource)
-        kind = str(body.get("machineType") or "").rsplit("/", 1)[-1]
-        if not kind:
-            raise required("resource.machineType")
-        if kind not in machine_types.TYPES:
-            raise invalid("resource.machineType", body["machineType"], "Unknown machine type.")
-        if (project, zone, name) in table or (project, zone, name) in self.creating:
-            message = f"The resource '{resource}' already exists"
-            raise ApiError(409, "alreadyExists", message)
-        self._checked_labels({"labelFingerprint": None}, {"labels": body.get("labels") or {}})
-        scheduling = dict(body.get("scheduling") or {})
-        has_gpus = bool(machine_types.TYPES[kind][2] or body.get("guestAccelerators"))
-        if has_gpus and scheduling.get("onHostMaintenance", "MIGRATE") != "TERMINATE":
-            raise ApiError(
-                400,
-                "badRequest",
-                "Instances with guest accelerators do not support live migration.",
-            )
-        if scheduling.get("provisioningModel") == "SPOT":
-            scheduling.setdefault("instanceTerminationAction", "STOP")
-            scheduling["preemptible"] = True
-            scheduling.setdefault("automaticRestart", False)
-        else:
-            scheduling.setdefault("provisioningModel", "STANDARD")
-            scheduling.setdefault("automaticRestart", True)
-        scheduling.setdefault("onHostMaintenance", "MIGRATE")
-        instance = copy.deepcopy(body)
-        instance["scheduling"] = scheduling
-        zone_link = f"{LINK}projects/{project}/zones/{zone}"
-        instance["machineType"] = f"{zone_link}/machineTypes/{kind}"
-        instance["selfLink"] = f"{zone_link}/instances/{name}"
-        instance["id"] = str(next(self.ids))
-        instance["status"] = "RUNNING"
-        refusal = self._refusal(project, zone, kind, instance, table)
+        machine = self._machine_of(project, zone, body.get("machineType"))
         key = (project, zone, name)
+        if key in table or key in self.creating:
+            raise ApiError(409, "alreadyExists", f"The resource '{resource}' already exists")
+        self._checked_labels({"labelFingerprint": None}, {"labels": body.get("labels") or {}})
+        has_gpus = bool(machine_types.TYPES[machine][2] or body.get("guestAccelerators"))
+        body["scheduling"] = checked_scheduling(body.get("scheduling"), has_gpus)
+        policies = self._instance_policies(project, zone, body.get("resourcePolicies"))
+        body["machineType"] = machine  # the backend's body: the short name
+        if policies:
+            body["resourcePolicies"] = policies  # full links
+        instance = self._new_instance(project, zone, body, policies, table)
+        refusal = self._refusal(project, zone, machine, instance, table)
         if refusal is not None:
-
-            def apply():
-                raise refusal
-
-            return self._operation(project, "insert", instance, apply, zone=zone)
+            return self._operation(project, "insert", instance, raiser(refusal), zone=zone)
         self.creating[key] = instance
 
         if self.backend is not None:
@@ -918,9 +1081,204 @@ class Compute:
 
         def land():
             self.creating.pop(key, None)
-            self.put_instance(project, zone, name, instance)
+            self.instances[key] = instance
 
         return self._operation(project, "insert", instance, land, zone=zone)
+
+    def _machine_of(self, project, zone, given):
+        """The machine type's name from an insert's machineType (a URL or partial URL of the
+        instance's zone); ApiError(400) for another form, zone or an unknown type."""
+        if not given:
+            raise required("resource.machineType")
+        path = link_path(given)
+        match = re.fullmatch(r"(?:projects/([^/]+)/)?zones/([^/]+)/machineTypes/([^/]+)", path)
+        if not match:
+            why = "Must be a URL to a valid Compute resource of the correct type."
+            raise invalid("resource.machineType", given, why)
+        in_project, in_zone, machine = match.groups()
+        if in_zone != zone or in_project not in (None, project):
+            why = f"Machine type specified '{path}' is in a different scope than the instance."
+            raise invalid("resource.machineType", given, why)
+        if machine not in machine_types.TYPES:
+            why = f"Machine type with name '{machine}' does not exist in zone '{zone}'."
+            raise invalid("resource.machineType", given, why)
+        return machine
+
+    def _instance_policies(self, project, zone, links):
+        """An insert's resourcePolicies as full links: each must exist in the zone's region."""
+        region, found = region_of(zone), []
+        for index, link in enumerate(links or []):
+            path = link_path(link)
+            if "/" not in path:
+                path = f"projects/{project}/regions/{region}/resourcePolicies/{path}"
+            elif path.startswith("regions/"):
+                path = f"projects/{project}/{path}"
+            match = re.fullmatch(r"projects/([^/]+)/regions/([^/]+)/resourcePolicies/([^/]+)", path)
+            if not match:
+                why = "Must be a URL to a valid Compute resource of the correct type."
+                raise invalid(f"resource.resourcePolicies[{index}]", link, why)
+            if match.group(2) != region:
+                why = f"Resource policy must be in the instance's region '{region}'."
+                raise invalid(f"resource.resourcePolicies[{index}]", link, why)
+            if match.group(3) not in self._policies(match.group(1), region):
+                raise not_found(path)
+            found.append(LINK + path)
+        return found
+
+    def _new_instance(self, project, zone, body, policies, table):
+        """The instance an insert creates, as instances.get answers it."""
+        zone_link = f"{LINK}projects/{project}/zones/{zone}"
+        region, name = region_of(zone), body["name"]
+        instance = copy.deepcopy(body)
+        for field in ("disks", "networkInterfaces", "guestAccelerators", "resourcePolicies"):
+            instance.pop(field, None)
+        created = now()
+        instance.update(
+            kind="compute#instance",
+            id=str(next(self.ids)),
+            creationTimestamp=created,
+            lastStartTimestamp=created,
+            name=name,
+            zone=zone_link,
+            selfLink=f"{zone_link}/instances/{name}",
+            status="RUNNING",
+            machineType=f"{zone_link}/machineTypes/{body['machineType']}",
+            labels=dict(body.get("labels") or {}),
+            fingerprint=label_fingerprint({"instance": name, "created": created}),
+            cpuPlatform="Intel Cascade Lake",
+            startRestricted=False,
+        )
+        instance.setdefault("canIpForward", False)
+        instance.setdefault("deletionProtection", False)
+        metadata = {"kind": "compute#metadata"}
+        items = (body.get("metadata") or {}).get("items") or []
+        metadata["fingerprint"] = label_fingerprint({"items": items})
+        if items:
+            metadata["items"] = items
+        instance["metadata"] = metadata
+        if isinstance(body.get("tags"), dict):
+            tags = body["tags"].get("items") or []
+            instance["tags"] = {"fingerprint": label_fingerprint({"tags": tags})}
+            if tags:
+                instance["tags"]["items"] = tags
+        used = {
+            nic.get("networkIP")
+            for other in [*table.values(), *self.creating.values()]
+            for nic in other.get("networkInterfaces") or []
+        }
+        nics = []
+        for index, given in enumerate(body.get("networkInterfaces") or [{}]):
+            nic = self._new_nic(project, region, index, given, used)
+            used.add(nic["networkIP"])
+            nics.append(nic)
+        instance["networkInterfaces"] = nics
+        disks = [new_disk(zone_link, name, i, d) for i, d in enumerate(body.get("disks") or [])]
+        if disks:
+            instance["disks"] = disks
+        accelerators = [
+            {
+                "acceleratorType": f"{zone_link}/acceleratorTypes/"
+                + link_name(given.get("acceleratorType")),
+                "acceleratorCount": int(given.get("acceleratorCount") or 1),
+            }
+            for given in body.get("guestAccelerators") or []
+        ]
+        if accelerators:
+            instance["guestAccelerators"] = accelerators
+        if policies:
+            instance["resourcePolicies"] = policies
+        accounts = []
+        for account in body.get("serviceAccounts") or []:
+            email = account.get("email") or "default"
+            if email == "default":  # the project's Compute Engine default service account
+                email = f"{project_number(project)}-compute@developer.gserviceaccount.com"
+            accounts.append({"email": email, "scopes": list(account.get("scopes") or [])})
+        if accounts:
+            instance["serviceAccounts"] = [{k: v for k, v in a.items() if v} for a in accounts]
+        instance["labelFingerprint"] = label_fingerprint(instance["labels"])
+        if not instance["labels"]:
+            del instance["labels"]
+        return instance
+
+    def _new_nic(self, project, region, index, given, used):
+        """One network interface of an insert: its network (which must exist), subnetwork, an
+        internal address of the subnet, and a natIP for each ONE_TO_ONE_NAT access config."""
+        field = f"resource.networkInterfaces[{index}]"
+        network = normalize_network(project, given.get("network") or "global/networks/default")
+        if network is None:
+            raise invalid(f"{field}.network", given.get("network"), "Invalid network reference.")
+        net_project, net_name = network.removeprefix(LINK + "projects/").split("/global/networks/")
+        if net_name not in self.projects.get(net_project, set()):
+            raise not_found(network.removeprefix(LINK))
+        subnetwork = link_path(given.get("subnetwork") or net_name)
+        if "/" not in subnetwork:
+            subnetwork = f"projects/{project}/regions/{region}/subnetworks/{subnetwork}"
+        elif subnetwork.startswith("regions/"):
+            subnetwork = f"projects/{project}/{subnetwork}"
+        nic = copy.deepcopy(given)
+        nic.update(
+            kind="compute#networkInterface",
+            name=f"nic{index}",
+            network=network,
+            subnetwork=LINK + subnetwork,
+            fingerprint=label_fingerprint({"nic": index}),
+        )
+        nic.setdefault("stackType", "IPV4_ONLY")
+        if not nic.get("networkIP"):
+            subnet = ipaddress.ip_network(SUBNET_RANGES.get(region, "10.128.0.0/20"))
+            hosts = (str(host) for host in itertools.islice(subnet.hosts(), 1, None))
+            nic["networkIP"] = next(host for host in hosts if host not in used)
+        configs = []
+        for number, config in enumerate(given.get("accessConfigs") or []):
+            kind = config.get("type", "ONE_TO_ONE_NAT")
+            if kind != "ONE_TO_ONE_NAT":
+                why = "Only ONE_TO_ONE_NAT access configs are supported for IPv4."
+                raise invalid(f"{field}.accessConfigs[{number}].type", kind, why)
+            config = copy.deepcopy(config)
+            config.update(kind="compute#accessConfig", type=kind)
+            config.setdefault("name", "External NAT")
+            config.setdefault("networkTier", "PREMIUM")
+            if not config.get("natIP"):  # an ephemeral external address (TEST-NET ranges)
+                config["natIP"] = str(ipaddress.ip_address("198.51.100.0") + next(self.nat_count))
+            configs.append(config)
+        if configs:
+            nic["accessConfigs"] = configs
+        else:
+            nic.pop("accessConfigs", None)
+        return nic
+
+    def _list_operations(self, project, zone, query):
+        """zoneOperations.list: the zone's operations (system events included) in order of
+        insertTime, filtered as instances are (operationType = "...", targetLink = "...")."""
+        self._check("compute.zoneOperations.list", f"projects/{project}/zones/{zone}")
+        expression = query.get("filter", [""])[0]
+        keep = parse_instance_filter(expression)
+        order = query.get("orderBy", [""])[0].strip()
+        if order not in ("", "creationTimestamp desc"):
+            why = "Only 'creationTimestamp desc' is supported for this collection."
+            raise invalid("orderBy", order, why)
+        start, size = self._page(query, expression)
+        zone_link = f"{LINK}projects/{project}/zones/{zone}"
+        matching = sorted(
+            (
+                operation
+                for (p, _name), (operation, *_rest) in self.operations.items()
+                if p == project and operation.get("zone") == zone_link and keep(operation)
+            ),
+            key=lambda operation: int(operation["id"]),
+            reverse=bool(order),
+        )
+        answer = {
+            "kind": "compute#operationList",
+            "id": f"projects/{project}/zones/{zone}/operations",
+            "selfLink": f"{zone_link}/operations",
+        }
+        items = [copy.deepcopy(op) for op in matching[start : start + size]]
+        if items:
+            answer["items"] = items
+        if start + size < len(matching):
+            answer["nextPageToken"] = page_token(start + size, expression)
+        return answer
 
     def _refusal(self, project, zone, kind, instance, table):
         """The OperationError an insert ends with (capacity, then quota), or None."""
@@ -1149,11 +1507,160 @@ class Compute:
             self.instances[(project, zone, name)] = instance
             return copy.deepcopy(instance)
 
+    def preempt(self, body):
+        """POST /_fake/preempt {"project", "zone", "name"}: GCE preempts a Spot VM: a system
+        operation compute.instances.preempted (DONE) in the zone's operations, then the VM
+        stopped or deleted (its instanceTerminationAction); with a backend, backend.preempt(name)
+        in a thread of its own. (status, {"operation": NAME} or an error)."""
+        with self.lock:
+            project = body.get("project") or (self.backend.project if self.backend else "")
+            zone = body.get("zone") or (self.backend.zone if self.backend else "")
+            name = body.get("name") or ""
+            resource = f"projects/{project}/zones/{zone}/instances/{name}"
+            instance = self._instance_table().get((project, zone, name))
+            if instance is None:
+                return 404, not_found(resource).body()
+            scheduling = instance.get("scheduling") or {}
+            if scheduling.get("provisioningModel") != "SPOT" and not scheduling.get("preemptible"):
+                message = f"'{resource}' is neither a Spot nor a preemptible VM"
+                return 400, ApiError(400, "badRequest", message).body()
+            if instance.get("status") != "RUNNING":
+                message = f"'{resource}' is {instance.get('status')}, not RUNNING"
+                return 400, ApiError(400, "resourceNotReady", message).body()
+            stamp, zone_link = now(), f"{LINK}projects/{project}/zones/{zone}"
+            operation_name = f"systemevent-{int(time.time() * 1000)}-{secrets.token_hex(6)}"
+            operation = {
+                "kind": "compute#operation",
+                "id": str(next(self.ids)),
+                "name": operation_name,
+                "zone": zone_link,
+                "operationType": "compute.instances.preempted",
+                "targetLink": instance["selfLink"],
+                "user": "system",
+                "status": "DONE",
+                "statusMessage": "Instance was preempted.",
+                "progress": 100,
+                "insertTime": stamp,
+                "startTime": stamp,
+                "endTime": stamp,
+                "selfLink": f"{zone_link}/operations/{operation_name}",
+            }
+            if instance.get("id"):
+                operation["targetId"] = instance["id"]
+            self.operations[(project, operation_name)] = [operation, None, lambda: None]
+            if self.backend is not None:
+                threading.Thread(target=self._preempt_backend, args=(name,), daemon=True).start()
+            else:
+                action = scheduling.get("instanceTerminationAction", "STOP")
+                self._act((project, zone, name), "delete" if action == "DELETE" else "stop")
+            return 200, {"operation": operation_name}
+
+    def _preempt_backend(self, name):
+        try:
+            self.backend.preempt(name)
+        except Exception as error:  # noqa: BLE001 - the daemon's log says it
+            print(f"preempting {name} failed: {type(error).__name__}: {error}", file=sys.stderr)
+
     def instances_snapshot(self):
         with self.lock:
             return {
                 f"{p}/{z}/{n}": copy.deepcopy(r) for (p, z, n), r in sorted(self.instances.items())
             }
+
+
+def checked_scheduling(given, has_gpus):
+    """An insert's scheduling with GCE's defaults; ApiError(400) where GCE refuses it: a Spot or
+    preemptible VM is not restarted nor migrated, GPUs cannot live-migrate."""
+    scheduling = dict(given) if isinstance(given, dict) else {}
+    model = scheduling.get("provisioningModel", "STANDARD")
+    if model not in ("STANDARD", "SPOT"):
+        raise invalid("resource.scheduling.provisioningModel", model, "Must be STANDARD or SPOT.")
+    action = scheduling.get("instanceTerminationAction")
+    if action is not None and action not in ("STOP", "DELETE"):
+        why = "Must be STOP or DELETE."
+        raise invalid("resource.scheduling.instanceTerminationAction", action, why)
+    if model == "SPOT" or scheduling.get("preemptible"):
+        if model == "SPOT":
+            scheduling["preemptible"] = True
+            scheduling.setdefault("instanceTerminationAction", "STOP")
+        scheduling.setdefault("automaticRestart", False)
+        scheduling.setdefault("onHostMaintenance", "TERMINATE")
+        if scheduling["onHostMaintenance"] != "TERMINATE" or scheduling["automaticRestart"]:
+            message = (
+                "Invalid value for field 'resource.scheduling.onHostMaintenance': "
+                f"'{scheduling['onHostMaintenance']}'. Scheduling must have preemptible be false "
+                "when OnHostMaintenance isn't TERMINATE."
+            )
+            raise ApiError(400, "invalid", message)
+    scheduling["provisioningModel"] = model
+    scheduling.setdefault("automaticRestart", True)
+    scheduling.setdefault("onHostMaintenance", "MIGRATE")
+    if has_gpus and scheduling["onHostMaintenance"] != "TERMINATE":
+        message = "Instances with guest accelerators do not support live migration."
+        raise ApiError(400, "badRequest", message)
+    return scheduling
+
+
+def new_disk(zone_link, instance, index, given):
+    """An insert's disk as instances.get answers it: a new disk (initializeParams) gets a source
+    named after the instance, as GCE names it."""
+    params = given.get("initializeParams") or {}
+    boot = bool(given.get("boot", index == 0))
+    disk_name = params.get("diskName") or (instance if boot else f"{instance}-{index}")
+    disk = {
+        "kind": "compute#attachedDisk",
+        "type": given.get("type", "PERSISTENT"),
+        "mode": given.get("mode", "READ_WRITE"),
+        "source": given.get("source") or f"{zone_link}/disks/{disk_name}",
+        "deviceName": given.get("deviceName") or f"persistent-disk-{index}",
+        "index": index,
+        "boot": boot,
+        "autoDelete": bool(given.get("autoDelete", bool(params))),
+        "interface": given.get("interface", "SCSI"),
+        "diskSizeGb": str(params.get("diskSizeGb") or "10"),
+    }
+    if not str(disk["source"]).startswith("https://"):
+        disk["source"] = LINK + link_path(disk["source"])
+    return disk
+
+
+def project_number(project):
+    """A stable project number for a project id (the default service account's name)."""
+    return int(hashlib.sha256(project.encode()).hexdigest()[:10], 16) % 10**12
+
+
+def raiser(error):
+    """An operation's `apply` that ends it with `error` (a CapacityError)."""
+
+    def apply():
+        raise error
+
+    return apply
+
+
+def link_path(link):
+    """A resource link in any accepted form as its path, projects/P/...."""
+    link = str(link or "")
+    for prefix in (LINK, "https://compute.googleapis.com/compute/v1/"):
+        link = link.removeprefix(prefix)
+    return link
+
+
+def link_name(link):
+    """The last segment of a link (a zone's or machine type's name), or None."""
+    return str(link).rsplit("/", 1)[-1] if link else None
+
+
+def region_of(zone):
+    return zone.rsplit("-", 1)[0]
+
+
+def operation_scope(project, zone=None, region=None):
+    if zone:
+        return f"projects/{project}/zones/{zone}"
+    if region:
+        return f"projects/{project}/regions/{region}"
+    return f"projects/{project}/global"
 
 
 def page_token(start, expression):
@@ -1555,6 +2062,8 @@ class ProxyHandler(Handler):
             )
         if route == ("GET", "instances"):
             return self.answer(200, compute.instances_snapshot())
+        if route == ("POST", "preempt"):
+            return self.answer(*compute.preempt(body))
         if route == ("PUT", "instances") and len(parts) == 4:
             names = [unquote(part) for part in parts[1:]]
             return self.answer(200, compute.put_instance(*names, body))

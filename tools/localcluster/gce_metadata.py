@@ -386,10 +386,17 @@ def vm_document(
     tags: list[str] | None = None,
     attributes: dict[str, str] | None = None,
     more_nics: list[dict] | None = None,
+    scheduling: dict | None = None,
+    service_accounts: list[dict] | None = None,
+    preempted: bool = False,
 ) -> dict:
     """The metadata of one VM as GCE gives it (nic0 = the VPC NIC). `more_nics`: a GPU machine
     type's NICs after nic0, in GCP's order, each {ip, mac, mtu, network (its name), prefix,
-    gateway}; as on GCE only nic0 has an access config."""
+    gateway}; as on GCE only nic0 has an access config. `scheduling`: the instance's
+    (compute#scheduling: provisioningModel, preemptible, automaticRestart, onHostMaintenance,
+    instanceTerminationAction; a standard VM's when None); `service_accounts`: the instance's
+    [{email, scopes}] (the project's default compute account when None; [] none); `preempted`:
+    instance/preempted TRUE, as GCE sets it when it preempts a spot VM."""
     numeric_project = numeric_id(project, digits=12)
 
     def subnetmask(prefix: int) -> str:
@@ -398,7 +405,21 @@ def vm_document(
 
     account = f"{numeric_project}-compute@developer.gserviceaccount.com"
     scopes = ["https://www.googleapis.com/auth/cloud-platform"]
-    service_account = {"aliases": ["default"], "email": account, "scopes": scopes}
+    if service_accounts is None:
+        service_accounts = [{"email": account, "scopes": scopes}]
+    accounts = {}
+    for index, given in enumerate(service_accounts):
+        email = given.get("email") or account
+        if email == "default":
+            email = account
+        entry = {
+            "aliases": ["default"] if index == 0 else [],
+            "email": email,
+            "scopes": list(given.get("scopes") or scopes),
+        }
+        if index == 0:
+            accounts["default"] = entry
+        accounts[email] = dict(entry)
     return {
         "instance": {
             "attributes": dict(attributes or {}),
@@ -429,13 +450,9 @@ def vm_document(
                     for nic in more_nics or []
                 ),
             ],
-            "preempted": "FALSE",
-            "scheduling": {
-                "automaticRestart": "TRUE",
-                "onHostMaintenance": "MIGRATE",
-                "preemptible": "FALSE",
-            },
-            "serviceAccounts": {"default": service_account, account: dict(service_account)},
+            "preempted": "TRUE" if preempted else "FALSE",
+            "scheduling": scheduling_document(scheduling),
+            "serviceAccounts": accounts,
             "tags": list(tags or []),
             "zone": f"projects/{numeric_project}/zones/{zone}",
         },
@@ -445,6 +462,27 @@ def vm_document(
             "projectId": project,
         },
     }
+
+
+def scheduling_document(scheduling: dict | None) -> dict:
+    """instance/scheduling/ as GCE's metadata server gives it (TRUE/FALSE strings) from an
+    instance's compute#scheduling: automatic-restart, on-host-maintenance, preemptible, and for
+    a spot VM provisioning-model and instance-termination-action."""
+    scheduling = scheduling or {}
+    spot = scheduling.get("provisioningModel") == "SPOT"
+    preemptible = bool(scheduling.get("preemptible")) or spot
+    restart = scheduling.get("automaticRestart", not preemptible)
+    document = {
+        "automaticRestart": "TRUE" if restart else "FALSE",
+        "onHostMaintenance": scheduling.get(
+            "onHostMaintenance", "TERMINATE" if preemptible else "MIGRATE"
+        ),
+        "preemptible": "TRUE" if preemptible else "FALSE",
+    }
+    if spot:
+        document["provisioningModel"] = "SPOT"
+        document["instanceTerminationAction"] = scheduling.get("instanceTerminationAction", "STOP")
+    return document
 
 
 def numeric_id(text: str, digits: int) -> int:

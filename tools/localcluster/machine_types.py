@@ -1,10 +1,18 @@
 """The machine types the box's Compute Engine API knows (machineTypes.get), with Google's
 published figures (https://cloud.google.com/compute/docs/gpus, the general-purpose and
 accelerator-optimized machine family pages): vCPUs, memory, built-in GPUs, and the regional CPU
-quota each family counts against (its own where compute.v1.json's Quota enum has one, else
-CPUS - G2, A3 and A4 have none there).
+quota each family counts against (https://cloud.google.com/compute/resource-usage: N1 counts
+against CPUS; E2, N2 and A2 against their own E2_CPUS, N2_CPUS, A2_CPUS, metrics of
+compute.v1.json's Quota enum). G2, A3 and A4 count against CPUS here: the enum has no G2_CPUS,
+A3_CPUS or A4_CPUS, so regions.get could not list them. Not confirmed from Google's pages here:
+whether those families have a CPU quota of their own in Cloud Quotas, and whether CPUS also
+counts the families with their own metric (not here: only CPUS_ALL_REGIONS, a global quota the
+fake leaves out, counts every vCPU).
 
-Also the quota metric of each GPU (regions.get), as the Compute Engine quota page names them.
+Also the quota metric of each GPU, as the Compute Engine quota page names them. regions.get
+lists only the metrics of compute.v1.json's Quota enum (the JSON is printed from that enum, so
+GCE cannot list another); the others (NVIDIA_H100_GPUS, NVIDIA_H200_GPUS...: Cloud
+Quotas' own) are UNLISTED: still enforced at insert, whose QUOTA_EXCEEDED names them.
 """
 
 from __future__ import annotations
@@ -37,8 +45,8 @@ TYPES = {
     "a2-ultragpu-8g": (96, 1392640, "nvidia-a100-80gb", 8),
     "a3-highgpu-8g": (208, 1916928, "nvidia-h100-80gb", 8),
     "a3-megagpu-8g": (208, 1916928, "nvidia-h100-mega-80gb", 8),
-    "a3-ultragpu-8g": (224, 2952192, "nvidia-h200-141gb", 8),
-    "a4-highgpu-8g": (224, 3968000, "nvidia-b200", 8),
+    "a3-ultragpu-8g": (224, 3022848, "nvidia-h200-141gb", 8),
+    "a4-highgpu-8g": (224, 4063232, "nvidia-b200", 8),
 }
 CPU_QUOTAS = {"n2": "N2_CPUS", "e2": "E2_CPUS", "a2": "A2_CPUS"}  # else CPUS
 GPU_QUOTAS = {
@@ -46,8 +54,21 @@ GPU_QUOTAS = {
     "nvidia-l4": "NVIDIA_L4_GPUS",
     "nvidia-tesla-a100": "NVIDIA_A100_GPUS",
     "nvidia-a100-80gb": "NVIDIA_A100_80GB_GPUS",
-    # H100 and newer have no regional metric in compute.v1.json's enum but their preemptible
-    # one (PREEMPTIBLE_NVIDIA_H100_GPUS): their quota lives in the Cloud Quotas API.
+    "nvidia-h100-80gb": "NVIDIA_H100_GPUS",
+    "nvidia-h100-mega-80gb": "NVIDIA_H100_MEGA_GPUS",
+    "nvidia-h200-141gb": "NVIDIA_H200_GPUS",
+    "nvidia-b200": "NVIDIA_B200_GPUS",
+}
+# Enforced at insert, but not in compute.v1.json's Quota enum, so regions.get leaves them out
+# (PREEMPTIBLE_NVIDIA_H100_GPUS is in the enum, and listed).
+UNLISTED = {
+    "NVIDIA_H100_GPUS",
+    "NVIDIA_H100_MEGA_GPUS",
+    "NVIDIA_H200_GPUS",
+    "NVIDIA_B200_GPUS",
+    "PREEMPTIBLE_NVIDIA_H100_MEGA_GPUS",
+    "PREEMPTIBLE_NVIDIA_H200_GPUS",
+    "PREEMPTIBLE_NVIDIA_B200_GPUS",
 }
 # The regional quotas a project starts with here (regions.get), each overridable by the fake's
 # config {"quotas": {REGION: {METRIC: LIMIT}}}.
@@ -67,6 +88,16 @@ DEFAULT_LIMITS = {
     "PREEMPTIBLE_NVIDIA_L4_GPUS": 64.0,
     "PREEMPTIBLE_NVIDIA_A100_GPUS": 64.0,
     "PREEMPTIBLE_NVIDIA_A100_80GB_GPUS": 64.0,
+    **{
+        f"{prefix}{gpu}": 64.0
+        for prefix in ("", "PREEMPTIBLE_")
+        for gpu in (
+            "NVIDIA_H100_GPUS",
+            "NVIDIA_H100_MEGA_GPUS",
+            "NVIDIA_H200_GPUS",
+            "NVIDIA_B200_GPUS",
+        )
+    },
 }
 
 

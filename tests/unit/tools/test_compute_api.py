@@ -1,6 +1,7 @@
 """The fake Compute Engine API (tools/localcluster/compute_api.py) keeps the contract the role's
 tests rely on, and its proxy serves nothing but the fake."""
 
+import functools
 import http.client
 import json
 import threading
@@ -274,20 +275,46 @@ class Backend:
         self.fail = None
         self.status = {"vm0": "RUNNING", "vm1": "RUNNING"}
         self.labels = {"vm0": {"llamafactory": "training"}, "vm1": {"role": "web"}}
+        self.zones = {"vm0": self.zone, "vm1": self.zone}
+        policy = f"{compute_api.LINK}projects/{self.project}/regions/us-central1/resourcePolicies"
+        self.extra = {"vm0": {"resourcePolicies": [f"{policy}/compact"]}, "vm1": {}}
+        self.preempted = threading.Event()
 
     def instances(self):
-        link = f"{compute_api.LINK}projects/{self.project}/zones/{self.zone}"
-        return [
-            {
-                "kind": "compute#instance",
-                "name": name,
-                "zone": link,
-                "selfLink": f"{link}/instances/{name}",
-                "status": status,
-                "labels": dict(self.labels[name]),
-            }
-            for name, status in self.status.items()
-        ]
+        found = []
+        for name, status in self.status.items():
+            link = f"{compute_api.LINK}projects/{self.project}/zones/{self.zones[name]}"
+            found.append(
+                {
+                    "kind": "compute#instance",
+                    "name": name,
+                    "zone": link,
+                    "selfLink": f"{link}/instances/{name}",
+                    "status": status,
+                    "labels": dict(self.labels[name]),
+                    **self.extra[name],
+                }
+            )
+        return found
+
+    def insert(self, zone, body):
+        self._act("insert", zone, body)
+        name, link = body["name"], f"{compute_api.LINK}projects/{self.project}/zones/{zone}"
+        self.zones[name], self.status[name] = zone, "RUNNING"
+        self.labels[name] = dict(body.get("labels") or {})
+        self.extra[name] = {
+            "id": "4711",
+            "machineType": f"{link}/machineTypes/{body['machineType']}",
+            "scheduling": body["scheduling"],
+        }
+
+    def preempt(self, name):
+        self.calls.append(("preempt", name))
+        if self.extra[name]["scheduling"]["instanceTerminationAction"] == "DELETE":
+            del self.status[name]
+        else:
+            self.status[name] = "TERMINATED"
+        self.preempted.set()
 
     def _act(self, verb, name, *args):
         self.calls.append((verb, name, *args))
@@ -566,7 +593,14 @@ def test_resource_policies_get_answers_the_backends_placement_policy(boxed):
     assert policy.json()["groupPlacementPolicy"] == {"vmCount": 2, "collocation": "COLLOCATED"}
     assert session.get(f"{regions}/us-central1/resourcePolicies/other").status_code == 404
     assert session.get(f"{regions}/europe-west9/resourcePolicies/compact").status_code == 404
-    assert session.delete(f"{regions}/us-central1/resourcePolicies/compact").status_code == 405
+    # vm0 uses it: GCE refuses to delete a policy in use.
+    code, _code, reason, message = error(
+        session.delete(f"{regions}/us-central1/resourcePolicies/compact")
+    )
+    assert (code, reason) == (400, "resourceInUseByAnotherResource")
+    assert message.endswith(
+        "is already being used by 'projects/box-project/zones/us-central1-a/instances/vm0'"
+    )
     assert compute_contract.validate_log(server.compute.history) == []
 
 
@@ -607,8 +641,14 @@ def test_instances_insert_takes_quota_and_capacity_as_gce_does(fake):
     assert session.post(f"{ZONE_A}/instances", json=gpu_vm("g0")).status_code == 409
     answer = session.post(f"{ZONE_A}/instances", json=gpu_vm("g1", scheduling={}))
     assert "do not support live migration" in error(answer)[3]
-    answer = session.post(f"{ZONE_A}/instances", json=gpu_vm("g1", machineType="zz-1"))
-    assert "Unknown machine type" in error(answer)[3]
+    answer = session.post(
+        f"{ZONE_A}/instances",
+        json=gpu_vm("g1", machineType="zones/us-central1-a/machineTypes/zz-1"),
+    )
+    assert error(answer)[3] == (
+        "Invalid value for field 'resource.machineType': 'zones/us-central1-a/machineTypes/zz-1'. "
+        "Machine type with name 'zz-1' does not exist in zone 'us-central1-a'."
+    )
     # A quota reached: the insert is accepted and its operation ends with QUOTA_EXCEEDED.
     server.compute.configure({"quotas": {"us-central1": {"NVIDIA_L4_GPUS": 1}}})
     done = zonal_done(session, session.post(f"{ZONE_A}/instances", json=gpu_vm("g1")).json())
@@ -642,3 +682,328 @@ def test_instances_insert_takes_quota_and_capacity_as_gce_does(fake):
         8,
         [{"guestAcceleratorType": "nvidia-l4", "guestAcceleratorCount": 1}],
     )
+
+
+# -- creating, preempting and deleting VMs; placement policies; zone operations ----------------
+
+REGION = "https://compute.googleapis.com/compute/v1/projects/hlf-test/regions/us-central1"
+PREEMPTED = 'operationType = "compute.instances.preempted"'
+
+
+def control(server, method, path, body=None):
+    """A call to the fake's control API: (status, JSON answer)."""
+    host, port = server.server_address
+    connection = http.client.HTTPConnection(host, port, timeout=5)
+    connection.request(method, f"/_fake/{path}", body=json.dumps(body) if body else None)
+    response = connection.getresponse()
+    answer = response.status, json.loads(response.read())
+    connection.close()
+    return answer
+
+
+def vm(name, machine="e2-standard-4", **fields):
+    body = {
+        "name": name,
+        "machineType": f"zones/us-central1-a/machineTypes/{machine}",
+        "networkInterfaces": [{"accessConfigs": [{"type": "ONE_TO_ONE_NAT"}]}],
+    }
+    body.update(fields)
+    return body
+
+
+def created(session, body, zone=ZONE_A):
+    done = zonal_done(session, session.post(f"{zone}/instances", json=body).json())
+    assert "error" not in done, done
+    return session.get(f"{zone}/instances/{body['name']}").json()
+
+
+def usage(session, region=REGION):
+    return {q["metric"]: q["usage"] for q in session.get(region).json()["quotas"]}
+
+
+def test_an_inserted_instance_is_answered_as_gce_answers_it(fake):
+    _server, session = fake
+    body = vm(
+        "v0",
+        machineType=f"{compute_api.LINK}projects/hlf-test/zones/us-central1-a/machineTypes/"
+        "n2-standard-4",
+        labels={"llamafactory": "training"},
+        metadata={"items": [{"key": "startup-script", "value": "true"}]},
+        disks=[{"boot": True, "autoDelete": True, "initializeParams": {"diskSizeGb": "50"}}],
+        serviceAccounts=[{"email": "default", "scopes": ["https://x/auth/cloud-platform"]}],
+    )
+    operation = session.post(f"{ZONE_A}/instances", json=body).json()
+    assert (operation["operationType"], operation["status"]) == ("insert", "RUNNING")
+    assert (
+        operation["targetLink"]
+        == f"{compute_api.LINK}projects/hlf-test/zones/us-central1-a/instances/v0"
+    )
+    zonal_done(session, operation)
+    got = session.get(f"{ZONE_A}/instances/v0").json()
+    assert (got["kind"], got["status"], got["id"].isdigit()) == (
+        "compute#instance",
+        "RUNNING",
+        True,
+    )
+    assert got["machineType"].endswith(
+        "/projects/hlf-test/zones/us-central1-a/machineTypes/n2-standard-4"
+    )
+    assert got["labelFingerprint"] == compute_api.label_fingerprint({"llamafactory": "training"})
+    assert got["metadata"]["items"] == body["metadata"]["items"] and got["metadata"]["fingerprint"]
+    assert got["scheduling"] == {
+        "provisioningModel": "STANDARD",
+        "automaticRestart": True,
+        "onHostMaintenance": "MIGRATE",
+    }
+    nic = got["networkInterfaces"][0]
+    assert nic["network"].endswith("/projects/hlf-test/global/networks/default")
+    assert nic["subnetwork"].endswith("/projects/hlf-test/regions/us-central1/subnetworks/default")
+    assert nic["networkIP"].startswith("10.128.")
+    assert nic["accessConfigs"][0]["natIP"]
+    assert got["disks"][0]["source"].endswith("/zones/us-central1-a/disks/v0")
+    assert got["disks"][0]["diskSizeGb"] == "50"
+    assert got["serviceAccounts"][0]["email"].endswith("-compute@developer.gserviceaccount.com")
+    # No external address asked: none given; every VM its own internal address.
+    other = created(session, vm("v1", networkInterfaces=[{}]))
+    assert "accessConfigs" not in other["networkInterfaces"][0]
+    assert other["networkInterfaces"][0]["networkIP"] != nic["networkIP"]
+    assert usage(session)["N2_CPUS"] == 4.0 and usage(session)["E2_CPUS"] == 4.0
+
+
+def test_insert_refuses_what_gce_refuses(fake):
+    server, session = fake
+    post = functools.partial(session.post, f"{ZONE_A}/instances")
+    assert error(post(json=vm("Bad_Name")))[:3] == (400, 400, "invalid")
+    assert error(post(json={"name": "v0"}))[:3] == (400, 400, "required")
+    assert (
+        "URL to a valid Compute resource" in error(post(json=vm("v0", machineType="e2-small")))[3]
+    )
+    other_zone = vm("v0", machineType="zones/us-central1-b/machineTypes/e2-standard-4")
+    assert "different scope" in error(post(json=other_zone))[3]
+    spot = {"provisioningModel": "SPOT", "instanceTerminationAction": "HIBERNATE"}
+    assert error(post(json=vm("v0", scheduling=spot)))[:3] == (400, 400, "invalid")
+    migrating = {"provisioningModel": "SPOT", "onHostMaintenance": "MIGRATE"}
+    assert "preemptible be false" in error(post(json=vm("v0", scheduling=migrating)))[3]
+    attached = vm(
+        "v0",
+        machine="n1-standard-4",
+        guestAccelerators=[{"acceleratorType": "nvidia-tesla-t4", "acceleratorCount": 1}],
+    )
+    assert "live migration" in error(post(json=attached))[3]
+    assert error(post(json=vm("v0", labels={"Bad": "x"})))[0] == 400
+    policy = ["projects/hlf-test/regions/us-central1/resourcePolicies/nope"]
+    assert error(post(json=vm("v0", resourcePolicies=policy)))[:3] == (404, 404, "notFound")
+    network = [{"network": "global/networks/nope"}]
+    assert error(post(json=vm("v0", networkInterfaces=network)))[0] == 404
+    server.compute.configure({"deny": ["compute.instances.create"]})
+    assert error(post(json=vm("v0")))[:3] == (403, 403, "forbidden")
+    assert session.get(f"{ZONE_A}/instances/v0").status_code == 404
+
+
+def test_capacity_is_freed_by_stop_and_delete_and_taken_by_start(fake):
+    server, session = fake
+    server.compute.configure({"capacity": {"us-central1-a": {"g2-standard-8": 1}}})
+    created(session, gpu_vm("g0"))
+    done = zonal_done(session, session.post(f"{ZONE_A}/instances", json=gpu_vm("g1")).json())
+    assert done["error"]["errors"][0]["code"] == "ZONE_RESOURCE_POOL_EXHAUSTED"
+    assert "does not have enough resources" in done["error"]["errors"][0]["message"]
+    zonal_done(session, session.post(f"{ZONE_A}/instances/g0/stop").json())
+    created(session, gpu_vm("g1"))  # a stopped VM holds no capacity
+    done = zonal_done(session, session.post(f"{ZONE_A}/instances/g0/start").json())
+    assert done["error"]["errors"][0]["code"] == "ZONE_RESOURCE_POOL_EXHAUSTED"
+    assert session.get(f"{ZONE_A}/instances/g0").json()["status"] == "TERMINATED"
+    zonal_done(session, session.delete(f"{ZONE_A}/instances/g1").json())
+    assert "error" not in zonal_done(session, session.post(f"{ZONE_A}/instances/g0/start").json())
+    # Quota: what a deleted VM took is free again.
+    server.compute.configure({"capacity": {}, "quotas": {"us-central1": {"NVIDIA_L4_GPUS": 1}}})
+    assert usage(session)["NVIDIA_L4_GPUS"] == 1.0
+    zonal_done(session, session.delete(f"{ZONE_A}/instances/g0").json())
+    assert usage(session)["NVIDIA_L4_GPUS"] == 0.0
+    created(session, gpu_vm("g2"))
+
+
+def test_parallel_inserts_cannot_both_take_the_last_slot(fake):
+    server, session = fake
+    server.compute.configure(
+        {"operation_seconds": 0.3, "capacity": {"us-central1-a": {"g2-standard-8": 1}}}
+    )
+    first = session.post(f"{ZONE_A}/instances", json=gpu_vm("g0")).json()
+    second = session.post(f"{ZONE_A}/instances", json=gpu_vm("g1")).json()
+    assert session.post(f"{ZONE_A}/instances", json=gpu_vm("g0")).status_code == 409  # pending
+    assert "error" not in zonal_done(session, first)
+    assert zonal_done(session, second)["error"]["errors"][0]["code"] == (
+        "ZONE_RESOURCE_POOL_EXHAUSTED"
+    )
+
+
+def test_newer_gpus_quotas_are_enforced_but_not_listed(fake):
+    # compute.v1.json's Quota enum has no NVIDIA_H100_GPUS: regions.get cannot list it, the
+    # insert's QUOTA_EXCEEDED names it.
+    server, session = fake
+    machine = session.get(f"{ZONE_A}/machineTypes/a3-ultragpu-8g").json()
+    assert (machine["guestCpus"], machine["memoryMb"]) == (224, 3022848)
+    assert machine["accelerators"] == [
+        {"guestAcceleratorType": "nvidia-h200-141gb", "guestAcceleratorCount": 8}
+    ]
+    assert error(session.get(f"{ZONE_A}/machineTypes/z9-huge-1"))[0] == 404
+    server.compute.configure({"quotas": {"us-central1": {"NVIDIA_H100_GPUS": 4}}})
+    a3 = gpu_vm("h0", machineType="zones/us-central1-a/machineTypes/a3-highgpu-8g")
+    done = zonal_done(session, session.post(f"{ZONE_A}/instances", json=a3).json())
+    assert done["error"]["errors"][0]["message"] == (
+        "Quota 'NVIDIA_H100_GPUS' exceeded.  Limit: 4.0 in region us-central1."
+    )
+    spot = {"provisioningModel": "SPOT", "onHostMaintenance": "TERMINATE"}
+    created(session, {**a3, "scheduling": spot})  # against PREEMPTIBLE_NVIDIA_H100_GPUS
+    listed = usage(session)
+    assert "NVIDIA_H100_GPUS" not in listed
+    assert listed["PREEMPTIBLE_NVIDIA_H100_GPUS"] == 8.0
+    # No preemptible quota: a spot VM counts against the standard one (GCE's rule).
+    quotas = {"NVIDIA_H100_GPUS": 4, "PREEMPTIBLE_NVIDIA_H100_GPUS": 0}
+    server.compute.configure({"quotas": {"us-central1": quotas}})
+    done = zonal_done(
+        session,
+        session.post(f"{ZONE_A}/instances", json={**a3, "name": "h1", "scheduling": spot}).json(),
+    )
+    assert done["error"]["errors"][0]["code"] == "QUOTA_EXCEEDED"
+
+
+def test_the_zones_that_exist_are_configured(fake):
+    server, session = fake
+    server.compute.configure({"zones": ["us-east1-b"]})
+    east = ZONE_A.replace("us-central1-a", "us-east1-b")
+    assert session.get(f"{east}/instances").status_code == 200
+    assert error(session.get(f"{ZONE_A}/instances"))[0] == 404
+    region = session.get(REGION.replace("us-central1", "us-east1")).json()
+    assert region["zones"] == [f"{compute_api.LINK}projects/hlf-test/zones/us-east1-b"]
+    assert session.get(REGION).status_code == 404
+
+
+def test_resource_policies_insert_get_and_delete(fake):
+    _server, session = fake
+    body = {
+        "name": "grp-compact",
+        "groupPlacementPolicy": {"collocation": "COLLOCATED", "vmCount": 2},
+    }
+    operation = session.post(f"{REGION}/resourcePolicies", json=body).json()
+    assert operation["region"] == f"{compute_api.LINK}projects/hlf-test/regions/us-central1"
+    assert "/regions/us-central1/operations/" in operation["selfLink"]
+    assert session.post(f"{REGION}/resourcePolicies", json=body).status_code == 409  # pending
+    zonal_done(session, operation)  # polled at regionOperations.get
+    policy = session.get(f"{REGION}/resourcePolicies/grp-compact").json()
+    assert (policy["status"], policy["groupPlacementPolicy"]) == (
+        "READY",
+        body["groupPlacementPolicy"],
+    )
+    assert error(session.post(f"{REGION}/resourcePolicies", json=body))[:3] == (
+        409,
+        409,
+        "alreadyExists",
+    )
+    bad = {"name": "p2", "groupPlacementPolicy": {"collocation": "SPREAD"}}
+    assert error(session.post(f"{REGION}/resourcePolicies", json=bad))[0] == 400
+    link = "projects/hlf-test/regions/us-central1/resourcePolicies/grp-compact"
+    got = created(session, gpu_vm("g0", resourcePolicies=[link]))
+    assert got["resourcePolicies"] == [compute_api.LINK + link]
+    code, _code, reason, message = error(session.delete(f"{REGION}/resourcePolicies/grp-compact"))
+    assert (code, reason) == (400, "resourceInUseByAnotherResource")
+    assert "projects/hlf-test/zones/us-central1-a/instances/g0" in message
+    zonal_done(session, session.delete(f"{ZONE_A}/instances/g0").json())
+    done = zonal_done(session, session.delete(f"{REGION}/resourcePolicies/grp-compact").json())
+    assert done["operationType"] == "delete"
+    assert session.get(f"{REGION}/resourcePolicies/grp-compact").status_code == 404
+    assert session.get(f"{REGION}/operations/nope").status_code == 404
+
+
+def test_preemption_is_a_system_operation_then_a_stop_or_a_delete(fake):
+    server, session = fake
+    spot = {"provisioningModel": "SPOT", "onHostMaintenance": "TERMINATE"}
+    created(session, gpu_vm("s0", scheduling=spot))
+    created(session, gpu_vm("s1", scheduling={**spot, "instanceTerminationAction": "DELETE"}))
+    created(session, gpu_vm("g0"))
+    target = {"project": "hlf-test", "zone": "us-central1-a"}
+    status, answer = control(server, "POST", "preempt", {**target, "name": "g0"})
+    assert (status, answer["error"]["code"]) == (400, 400)  # a standard VM is not preempted
+    assert control(server, "POST", "preempt", {**target, "name": "nope"})[0] == 404
+    assert usage(session)["PREEMPTIBLE_NVIDIA_L4_GPUS"] == 2.0
+
+    status, answer = control(server, "POST", "preempt", {**target, "name": "s0"})
+    assert status == 200 and answer["operation"].startswith("systemevent-")
+    stopped = session.get(f"{ZONE_A}/instances/s0").json()
+    assert stopped["status"] == "TERMINATED"
+    assert "natIP" not in stopped["networkInterfaces"][0]["accessConfigs"][0]
+    assert control(server, "POST", "preempt", {**target, "name": "s0"})[0] == 400  # not running
+    listed = session.get(f"{ZONE_A}/operations", params={"filter": PREEMPTED}).json()
+    assert listed["kind"] == "compute#operationList"
+    [event] = listed["items"]
+    assert (event["name"], event["status"], event["user"]) == (
+        answer["operation"],
+        "DONE",
+        "system",
+    )
+    assert event["statusMessage"] == "Instance was preempted."
+    assert event["targetLink"] == stopped["selfLink"]
+
+    control(server, "POST", "preempt", {**target, "name": "s1"})
+    assert session.get(f"{ZONE_A}/instances/s1").status_code == 404  # its action: DELETE
+    s1 = f'targetLink = "{stopped["selfLink"][:-1]}1"'
+    for expression in (f"({PREEMPTED}) ({s1})", f"({PREEMPTED}) AND ({s1})"):
+        found = session.get(f"{ZONE_A}/operations", params={"filter": expression}).json()
+        assert [op["targetLink"][-2:] for op in found["items"]] == ["s1"]
+    assert usage(session)["PREEMPTIBLE_NVIDIA_L4_GPUS"] == 0.0
+    everything = session.get(f"{ZONE_A}/operations").json()["items"]
+    assert [op["operationType"] for op in everything] == [
+        "insert",
+        "insert",
+        "insert",
+        "compute.instances.preempted",
+        "compute.instances.preempted",
+    ]
+    page = session.get(f"{ZONE_A}/operations", params={"maxResults": "2"}).json()
+    assert len(page["items"]) == 2 and page["nextPageToken"]
+    newest = session.get(f"{ZONE_A}/operations", params={"orderBy": "creationTimestamp desc"})
+    assert newest.json()["items"][0]["targetLink"].endswith("/s1")
+    assert error(session.get(f"{ZONE_A}/operations", params={"filter": "status > 1"}))[0] == 400
+
+
+def test_a_backend_inserts_and_preempts_its_vms(boxed):
+    server, session, backend = boxed
+    zone_b = ZONE.replace("us-central1-a", "us-central1-b")
+    spot = {
+        "provisioningModel": "SPOT",
+        "instanceTerminationAction": "DELETE",
+        "onHostMaintenance": "TERMINATE",
+    }
+    body = gpu_vm("spot0", machineType="zones/us-central1-b/machineTypes/g2-standard-8")
+    body["scheduling"] = spot
+    backend.release.clear()  # the backend's insert takes its time
+    operation = session.post(f"{zone_b}/instances", json=body).json()
+    time.sleep(0.2)
+    assert session.get(operation["selfLink"]).json()["status"] == "RUNNING"
+    server.compute.configure({"capacity": {"us-central1-b": {"g2-standard-8": 1}}})
+    full = session.post(f"{zone_b}/instances", json={**body, "name": "spot1"}).json()
+    assert (
+        polled_done(session, full)["error"]["errors"][0]["code"] == "ZONE_RESOURCE_POOL_EXHAUSTED"
+    )
+    backend.release.set()
+    assert "error" not in polled_done(session, operation)
+    [(verb, zone, given)] = [c for c in backend.calls if c[0] == "insert"]
+    assert (verb, zone, given["machineType"]) == ("insert", "us-central1-b", "g2-standard-8")
+    assert given["scheduling"] == {**spot, "preemptible": True, "automaticRestart": False}
+    # The backend's VM, in its own zone.
+    assert session.get(f"{zone_b}/instances/spot0").json()["status"] == "RUNNING"
+    assert session.get(f"{ZONE}/instances/spot0").status_code == 404
+
+    assert control(server, "POST", "preempt", {"zone": "us-central1-a", "name": "vm0"})[0] == 400
+    status, answer = control(server, "POST", "preempt", {"zone": "us-central1-b", "name": "spot0"})
+    assert status == 200
+    assert backend.preempted.wait(5)
+    assert backend.calls[-1] == ("preempt", "spot0")
+    events = session.get(f"{zone_b}/operations", params={"filter": PREEMPTED}).json()["items"]
+    assert [e["name"] for e in events] == [answer["operation"]]
+    assert session.get(f"{zone_b}/instances/spot0").status_code == 404
+
+    backend.fail = "insert"
+    server.compute.configure({"capacity": {}})
+    failed = polled_done(session, session.post(f"{zone_b}/instances", json=body).json())
+    assert failed["error"]["errors"][0]["message"] == "RuntimeError: insert failed"
+    assert compute_contract.validate_log(server.compute.history) == []

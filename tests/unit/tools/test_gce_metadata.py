@@ -381,3 +381,54 @@ def test_a_gpu_vm_lists_every_nic_in_gcps_order(tmp_path):
         ("198.18.216.11", 8896, "gpubox-rdma-net"),
     ]
     assert len(nics) == 10
+
+
+def test_a_spot_vms_document_says_its_scheduling_and_preemption():
+    from localcluster import gce_metadata as gm
+
+    common = dict(
+        project="hostnet-box",
+        zone="us-central1-b",
+        name="spot-0",
+        instance_id=1,
+        machine_type="n2-standard-4",
+        ip="198.18.0.10",
+        mac="02:42:c6:12:00:0a",
+        prefix=24,
+        gateway="198.18.0.1",
+        mtu=1460,
+        external_ip="198.19.0.10",
+    )
+    standard = gm.vm_document(**common)["instance"]
+    assert standard["preempted"] == "FALSE"
+    assert standard["scheduling"] == {
+        "automaticRestart": "TRUE",
+        "onHostMaintenance": "MIGRATE",
+        "preemptible": "FALSE",
+    }
+    assert set(standard["serviceAccounts"]) == {
+        "default",
+        standard["serviceAccounts"]["default"]["email"],
+    }
+    spot = gm.vm_document(
+        **common,
+        scheduling={"provisioningModel": "SPOT", "instanceTerminationAction": "DELETE"},
+        attributes={"ssh-keys": "gce:ssh-ed25519 AAAA"},
+        service_accounts=[{"email": "trainer@p.iam.gserviceaccount.com", "scopes": ["s"]}],
+        preempted=True,
+    )["instance"]
+    assert spot["preempted"] == "TRUE"
+    assert spot["scheduling"] == {
+        "automaticRestart": "FALSE",
+        "onHostMaintenance": "TERMINATE",
+        "preemptible": "TRUE",
+        "provisioningModel": "SPOT",
+        "instanceTerminationAction": "DELETE",
+    }
+    assert spot["attributes"] == {"ssh-keys": "gce:ssh-ed25519 AAAA"}
+    assert spot["serviceAccounts"]["default"]["email"] == "trainer@p.iam.gserviceaccount.com"
+    assert set(spot["serviceAccounts"]) == {"default", "trainer@p.iam.gserviceaccount.com"}
+    answer = gm.answer_for({"instance": spot}, gm.ROOT + "instance/scheduling/preemptible", {})
+    assert answer.body == b"TRUE"
+    answer = gm.answer_for({"instance": spot}, gm.ROOT + "instance/preempted", {})
+    assert answer.body == b"TRUE"

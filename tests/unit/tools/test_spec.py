@@ -80,7 +80,13 @@ def test_shift_moves_every_subnet_and_stays_in_range():
         ({"vms": [{"name": "vm0", "colour": "red"}]}, r"unknown keys \['colour'\]"),
         ({"vms": [{"name": "vm0", "platform": "centos7"}]}, "platform 'centos7' is not one of"),
         ({"vms": ["vm0", "vm0"]}, "names must be unique"),
-        ({"vms": []}, "define at least one VM"),
+        ({"zones": ["us-central1-b"]}, "zone 'us-central1-a' is not one of zones"),
+        ({"zones": ["us-central1-a", "Moon"]}, "zones: 'Moon' is not a GCE zone name"),
+        ({"zones": []}, "zones must be a non-empty list"),
+        ({"vms": [{"name": "vm0", "zone": "europe-west4-a"}]}, "zone 'europe-west4-a' is not one"),
+        ({"vms": [{"name": "vm0", "index": 1}, {"name": "vm1", "index": 1}]}, r"\[1\] repeat"),
+        ({"vms": [{"name": "vm0", "index": -1}]}, "index -1 must be a whole number"),
+        ({"vms": [{"name": "vm0", "index": 300}]}, "do not fit the smallest subnet"),
         ({"user": "root"}, "plain non-root login"),
         ({"name": "Demo!"}, "name 'Demo!' must match"),
         ({"project": "Box"}, "project 'Box' is not a GCP project id"),
@@ -540,3 +546,32 @@ def test_the_published_pci_slots_are_the_ones_the_nic_names_encode():
         assert published(vm) == from_names, vm.machine_type
         for nic in nics:
             assert nic_host.pci_slot_of_name(nic.name) == nic.pci_slot, (vm.machine_type, nic)
+
+
+def test_an_empty_project_has_no_vms_and_its_zones():
+    definition = parse(vms=[], zones=["us-central1-a", "us-central1-c"])
+    assert definition.vms == ()
+    assert definition.zones == ("us-central1-a", "us-central1-c")
+    assert parse(vms=None).vms == ()
+    assert parse().zones == ("us-central1-a",)  # the default: the definition's zone
+    assert spec.parse(spec.to_raw(definition)) == definition
+    assert definition.free_index() == 0
+    assert definition.capacity() == 256 - 12
+
+
+def test_a_vm_may_give_its_zone_and_index():
+    definition = parse(
+        zones=["us-central1-b", "us-central1-a"],
+        zone="us-central1-a",
+        vms=[{"name": "a", "index": 3}, {"name": "b", "zone": "us-central1-b"}, {"name": "c"}],
+    )
+    assert definition.zones == ("us-central1-a", "us-central1-b")  # the default zone first
+    assert [(vm.name, vm.index, vm.zone) for vm in definition.vms] == [
+        ("a", 3, "us-central1-a"),
+        ("b", 0, "us-central1-b"),
+        ("c", 1, "us-central1-a"),
+    ]
+    assert definition.networks["vpc"].address(definition.vm("a").index) == "198.18.0.13"
+    assert definition.free_index() == 2
+    assert definition.free_index({2, 4}) == 5
+    assert spec.parse(spec.to_raw(definition)) == definition
