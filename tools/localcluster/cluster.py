@@ -1026,9 +1026,22 @@ def write_gcp_inventory(spec: ClusterSpec, state: dict, login: dict) -> Path:
         llamafactory_gcp_auth_kind="serviceaccount",
         llamafactory_gcp_service_account_file=gce["service_account_file"],
     )
+    # What the controller's own plays read (playbooks/up.yml creates VMs before the group has
+    # any): the credentials, and where and how role gcp_vms makes VMs in this project.
+    controller = {
+        "llamafactory_gcp_auth_kind": "serviceaccount",
+        "llamafactory_gcp_service_account_file": gce["service_account_file"],
+        "gcp_vms_project": gce["project"],
+        "gcp_vms_zones": list(spec.zones or [gce["zone"]]),
+        "gcp_vms_machine_type": "n2-standard-4",
+        "gcp_vms_ssh_user": spec.user,
+        "gcp_vms_ssh_public_key_file": str(state_dir(spec) / "id_ed25519.pub"),
+    }
     (folder / "box.yml").write_text(
-        f"# The local cluster {spec.name!r}'s SSH login and GCP credentials.\n---\n"
-        + yaml.safe_dump({"llamafactory": {"vars": box}}, sort_keys=False)
+        f"# The local cluster {spec.name!r}'s SSH login, GCP credentials and VM settings.\n---\n"
+        + yaml.safe_dump(
+            {"all": {"vars": controller}, "llamafactory": {"vars": box}}, sort_keys=False
+        )
     )
     link = folder / "group_vars"
     if not link.is_symlink():
