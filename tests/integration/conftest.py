@@ -4,6 +4,7 @@ shared read-only."""
 import json
 import os
 import subprocess
+import time
 from pathlib import Path
 
 import ansible_run
@@ -360,3 +361,24 @@ def kill_worker(vm, job):
         if "launcher.py" in line and "torchrun" not in line
     )
     vm.sh(f"kill -9 {worker}")
+
+
+def wait_until(predicate, seconds, what):
+    deadline = time.monotonic() + seconds
+    while time.monotonic() < deadline:
+        value = predicate()
+        if value:
+            return value
+        time.sleep(1)
+    raise AssertionError(f"not within {seconds} s: {what}")
+
+
+def said(events):
+    """Every task's msg and warnings (not wrapped as the callback prints them)."""
+    found = []
+    for event in events:
+        res = (event.get("event_data") or {}).get("res") or {}
+        found.extend(str(w) for w in res.get("warnings") or [])
+        if "msg" in res:
+            found.append(str(res["msg"]))
+    return "\n".join(found)

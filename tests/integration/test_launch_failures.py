@@ -15,7 +15,9 @@ from conftest import (
     forget_job,
     play,
     run_playbook,
+    said,
     summarize,
+    wait_until,
 )
 from test_launch import logs
 
@@ -24,16 +26,6 @@ pytestmark = pytest.mark.cluster
 # Still training when the node vanishes, with a checkpoint every 10 steps to restart from.
 LONG = {"max_steps": 1000, "save_steps": 10}
 BOUND = 20  # launch_peer_timeout of this test
-
-
-def wait_until(predicate, seconds, what):
-    deadline = time.monotonic() + seconds
-    while time.monotonic() < deadline:
-        value = predicate()
-        if value:
-            return value
-        time.sleep(1)
-    raise AssertionError(f"not within {seconds} s: {what}")
 
 
 def attach(inventory, tmp_path, job, timeout=600, overrides=None, **extravars):
@@ -55,17 +47,6 @@ def attach(inventory, tmp_path, job, timeout=600, overrides=None, **extravars):
 
 def shown(events):
     return "\n".join(str(e.get("stdout", "")) for e in events)
-
-
-def said(events):
-    """Every task's msg and warnings (not wrapped as the callback prints them)."""
-    found = []
-    for event in events:
-        res = (event.get("event_data") or {}).get("res") or {}
-        found.extend(str(w) for w in res.get("warnings") or [])
-        if "msg" in res:
-            found.append(str(res["msg"]))
-    return "\n".join(found)
 
 
 def test_a_vanished_node_ends_the_job_within_the_bound_without_the_controller(

@@ -38,6 +38,7 @@ class Box:
         self._configure(self.session, gce)
         self.project_url = f"{API}/{gce['project']}"
         self.zone = gce["zone"]
+        self.control_url = gce.get("control")
         self.zone_url = f"{self.project_url}/zones/{gce['zone']}"
         self.rules_url = f"{self.project_url}/global/firewalls"
 
@@ -71,6 +72,15 @@ class Box:
         if "error" in operation:
             raise ClusterError(f"operation failed: {operation['error']}")
         return operation
+
+    def fake(self, path: str, body: dict) -> dict:
+        """POST to the fake's control API (config, preempt): what no GCP client can do."""
+        with requests.Session() as plain:
+            plain.trust_env = False  # loopback, never a proxy
+            answer = plain.post(f"{self.control_url}/{path}", json=body, timeout=30)
+        if answer.status_code != 200:
+            raise ClusterError(f"POST {path}: {answer.status_code} {answer.text}")
+        return answer.json()
 
     # -- instances ------------------------------------------------------------------------------
 

@@ -40,6 +40,7 @@ def start(state_dir: Path) -> dict:
     client = json.loads(client_file.read_text())
     state["gce"] = {
         "proxy": client["proxy"],
+        "control": client["control"],  # the tests' control API (plain HTTP on loopback)
         "ca": client["ca"],
         "service_account_file": client["service_account_file"],
         "project": client["project"],
