@@ -243,10 +243,11 @@ def placement_policy_body(name, count):
     }
 
 
-def group_as_found(instances, prefix, count, machine_type):
+def group_as_found(instances, prefix, count, machine_type, provisioning_model=None):
     """How the group stands, from the instances labelled as its own (aggregated list):
     {zone (None when none exists), present: {name: instance}, missing: [names], extra: [names of
-    ranks >= count], mismatched: ['NAME is TYPE'], zones: [every zone holding one]}."""
+    ranks >= count], mismatched: ['NAME is TYPE' or 'NAME is SPOT'], zones: [every zone holding
+    one]}. `provisioning_model` (standard or spot), when given, must match too."""
     wanted = vm_names(prefix, count)
     present = dict((i["name"], i) for i in instances if i["name"] in wanted)
     extra = sorted(
@@ -260,6 +261,15 @@ def group_as_found(instances, prefix, count, machine_type):
         for name, i in sorted(present.items())
         if short(i.get("machineType")) != machine_type
     ]
+    if provisioning_model:
+        mismatched += [
+            "%s is %s" % (name, model)
+            for name, model in sorted(
+                (n, (i.get("scheduling") or {}).get("provisioningModel", "STANDARD"))
+                for n, i in present.items()
+            )
+            if model != provisioning_model.upper()
+        ]
     return {
         "zone": zones[0] if len(zones) == 1 else None,
         "zones": zones,

@@ -25,8 +25,8 @@ description:
     deleted and the whole group moves to the next of O(zones); every zone tried is returned with
     Google's error. When every zone failed, nothing is left.
   - A group that exists is kept - re-running creates nothing (changed=false) - and a stopped VM
-    of it is started. A VM of the group with another machine type, or a group spread over
-    several zones, is named and nothing is changed (never silently replaced).
+    of it is started. A VM of the group with another machine type or provisioning model, or a
+    group spread over several zones, is named and nothing is changed (never silently replaced).
   - V(absent) deletes the VMs labelled C(llamafactory-group=PREFIX) and the group's placement
     policy; nothing else.
   - Why not C(google.cloud.gcp_compute_instance) - it creates one instance at a time, waits for
@@ -343,12 +343,14 @@ class Group(object):
         prefix, count, machine_type = params["prefix"], params["count"], params["machine_type"]
         if not count or count < 1 or not machine_type:
             self.module.fail_json(msg="state=present needs count (1 or more) and machine_type")
-        found = grp.group_as_found(self.group(), prefix, count, machine_type)
+        model = params["provisioning_model"]
+        found = grp.group_as_found(self.group(), prefix, count, machine_type, model)
         if found["mismatched"]:
             self.module.fail_json(
-                msg="the group %s exists with another machine type (%s; wanted %s): nothing "
-                "changed. Delete it (playbooks/down.yml) or set gcp_instances_machine_type to "
-                "its type" % (prefix, ", ".join(found["mismatched"]), machine_type)
+                msg="the group %s exists otherwise (%s; wanted %s, %s): nothing changed. "
+                "Delete it (playbooks/down.yml), or set gcp_vms_machine_type and "
+                "gcp_vms_provisioning_model to what it is"
+                % (prefix, ", ".join(found["mismatched"]), machine_type, model)
             )
         if len(found["zones"]) > 1:
             self.module.fail_json(

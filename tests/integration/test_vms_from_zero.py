@@ -15,6 +15,14 @@ pytestmark = pytest.mark.cluster  # brings up a local cluster
 
 GROUP = "zero"
 MACHINE = "n2-standard-4"  # 4 vCPUs: N2_CPUS
+# The group's spec, as both tests give it (another spec for an existing group is refused).
+SPEC = {
+    "gcp_vms_count": 2,
+    "gcp_vms_prefix": GROUP,
+    "gcp_vms_machine_type": MACHINE,
+    "gcp_vms_provisioning_model": "spot",
+    "gcp_vms_termination_action": "delete",
+}
 
 
 @pytest.fixture(scope="module")
@@ -58,7 +66,7 @@ def up(zero, tmp_path, **extra):
         state["gcp_inventory"],
         tmp_path,
         "playbooks/up.yml",
-        {"gcp_vms_count": 2, "gcp_vms_prefix": GROUP, "gcp_vms_machine_type": MACHINE, **extra},
+        {**SPEC, **extra},
         envvars=state["gce"]["env"],
     )
     return result
@@ -104,15 +112,7 @@ def test_a_spot_vm_deleted_by_preemption_is_created_again_and_the_job_resumes(ze
     job = "zero-spot"
     uri = f"gs://{state['gcs']['bucket']}/zero"
     outcome = {}
-    settings = {
-        **pull,
-        "gcp_vms_count": 2,
-        "gcp_vms_prefix": GROUP,
-        "gcp_vms_machine_type": MACHINE,
-        "gcp_vms_provisioning_model": "spot",
-        "gcp_vms_termination_action": "delete",
-        "llamafactory_output_uri": uri,
-    }
+    settings = {**pull, **SPEC, "llamafactory_output_uri": uri}
 
     def run():
         outcome["result"] = run_playbook(

@@ -120,3 +120,6 @@ def test_the_group_as_found():
     )
     assert (found["zone"], found["zones"]) == (None, ["us-central1-a", "us-central1-b"])
     assert grp.group_as_found([], "trainer", 2, "x")["missing"] == ["trainer-0", "trainer-1"]
+    spot = dict(vm("trainer-0"), scheduling={"provisioningModel": "SPOT"})
+    found = grp.group_as_found([spot, vm("trainer-1")], "trainer", 2, "g2-standard-8", "spot")
+    assert found["mismatched"] == ["trainer-1 is STANDARD"]
