@@ -154,6 +154,16 @@ options:
     description: Instance metadata (C(ssh-keys), C(enable-oslogin), ...).
     type: dict
     default: {}
+  capacity_retries:
+    description:
+      - How many times the last zone is tried again after a stock-out (the only zone, for VMs
+        missing from a group that exists), with a doubling pause, before the error is named.
+    type: int
+    default: 0
+  capacity_backoff:
+    description: Seconds before the first of O(capacity_retries) (then doubled).
+    type: float
+    default: 30
   timeout:
     description: Seconds each operation, and the wait for every VM to run, may take.
     type: int
@@ -434,18 +444,29 @@ class Group(object):
             result["created"] = list(names)
             result["zones_tried"] = left
             return candidates[0][0]
-        for zone, machine in candidates:
+        # The last zone (the only one, for VMs missing from a group that exists - a preempted
+        # VM) is tried again on a stock-out, with a doubling pause: capacity often comes back.
+        retries, pause = params["capacity_retries"], params["capacity_backoff"]
+        for index, (zone, machine) in enumerate(candidates):
             has_gpus = bool(machine.get("accelerators") or params["accelerators"])
             policy = self.placement(zone) if params["placement"] == "compact" else None
-            failure = self.insert_all(zone, names, has_gpus, policy)
-            if failure is None:
-                result["created"] = list(names)
-                result["zones_tried"] = left
-                return zone
-            left.append(dict(zone=zone, **failure))
+            while True:
+                failure = self.insert_all(zone, names, has_gpus, policy)
+                if failure is None:
+                    result["created"] = list(names)
+                    result["zones_tried"] = left
+                    return zone
+                left.append(dict(zone=zone, **failure))
+                last = index == len(candidates) - 1
+                if not (last and failure["reason"] == "capacity" and retries > 0):
+                    break
+                retries -= 1
+                time.sleep(pause)
+                pause *= 2
         result["zones_tried"] = left
         self.module.fail_json(
-            msg="no zone had room for the group (nothing is left in any of them): %s"
+            msg="no zone had room for the group (nothing is left in any of them; each zone tried "
+            "once, the last one 1 + capacity_retries times): %s"
             % "; ".join("%s: %s" % (z["zone"], z["error"]) for z in left),
             zones_tried=left,
         )
@@ -646,6 +667,8 @@ def main():
             metadata=dict(type="dict", default={}),
             timeout=dict(type="int", default=600),
             poll_interval=dict(type="float", default=2),
+            capacity_retries=dict(type="int", default=0),
+            capacity_backoff=dict(type="float", default=30),
         ),
         supports_check_mode=True,
     )

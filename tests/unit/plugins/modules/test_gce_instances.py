@@ -150,3 +150,17 @@ def test_absent_deletes_only_the_group(fake):
     assert (result["changed"], result["deleted"]) == (True, ["trainer-0", "trainer-1"])
     assert sorted(instances(fake)) == ["other"]
     assert run(fake, state="absent", prefix="trainer", zones=ZONES)["changed"] is False
+
+
+def test_a_vm_missing_from_the_group_is_created_in_its_zone_retried_then_named(fake):
+    # trainer-0 exists in zone a; trainer-1 is missing (as after its preemption deleted it).
+    assert run(fake, **{**GROUP, "count": 1})["zone"] == "us-central1-a"
+    configure(fake, capacity={"us-central1-a": {"g2-standard-8": 1}})
+    result = run(fake, **GROUP, capacity_retries=2, capacity_backoff=0.1)
+    assert result["failed"] is True
+    # Only the group's zone is tried (its VMs share it): once, then twice more.
+    assert [z["zone"] for z in result["zones_tried"]] == ["us-central1-a"] * 3
+    assert {e["path"].split("/zones/")[1].split("/")[0] for e in inserts(fake)} == {"us-central1-a"}
+    configure(fake, capacity={})
+    result = run(fake, **GROUP)
+    assert (result["created"], result["zone"]) == (["trainer-1"], "us-central1-a")
