@@ -126,7 +126,7 @@ def test_a_spot_vm_deleted_by_preemption_is_created_again_and_the_job_resumes(ze
                 "launch_max_restarts": 1,
                 "launch_peer_timeout": 30,
                 "gcp_instances_restart_stopped": True,
-                "llamafactory_train_overrides": {"max_steps": 40, "save_steps": 10},
+                "llamafactory_train_overrides": {"max_steps": 120, "save_steps": 10},
                 "gcs_outputs_interval_s": 2,
             },
             timeout=1500,
