@@ -127,3 +127,29 @@ def test_a_start_refused_for_capacity_is_retried_then_named(fake):
 def test_an_unknown_instance_is_named(fake):
     result = run(fake, name="nope", state="stopped")
     assert result.get("failed") and "hlf-test/us-central1-a/nope: no such instance" in result["msg"]
+
+
+def test_a_spot_vm_its_preemption_deleted_reads_absent_with_the_time(fake):
+    info, session = fake
+    control = info["control"]
+    body = {
+        "labels": {"llamafactory": "training"},
+        "scheduling": {
+            "provisioningModel": "SPOT",
+            "instanceTerminationAction": "DELETE",
+            "preemptible": True,
+        },
+    }
+    session.put(f"{control}/instances/{PROJECT}/{ZONE}/spot", json=body).raise_for_status()
+    answer = session.post(
+        f"{control}/preempt", json={"project": PROJECT, "zone": ZONE, "name": "spot"}
+    )
+    assert answer.status_code == 200, answer.text
+    assert instance(fake, "spot") is None
+    result = run(fake, name="spot", state="present", allow_absent=True)
+    assert (result["changed"], result["status"]) == (False, "absent")
+    assert result["preempted"].startswith("20")  # the operation's insertTime
+    # Without allow_absent the instance is named as missing; vm0 was never preempted.
+    assert "no such instance" in run(fake, name="spot", state="present")["msg"]
+    run(fake, name="vm0", state="stopped")
+    assert run(fake, name="vm0", state="present")["preempted"] is None
