@@ -156,11 +156,22 @@ def test_every_playbook_fails_when_the_inventory_has_no_llamafactory_group(tmp_p
         assert "(groups found: trainers; hosts: trainer-0, trainer-1)" in text, (name, text)
 
 
+# The playbooks for which an empty group is the normal case: they create or delete the VMs, on
+# the controller (train.yml imports up.yml, then the guard).
+VM_PLAYBOOKS = ["up", "down"]
+
+
 def test_every_playbook_of_the_collection_requires_the_group_first():
-    """The guard above, for a playbook added later: each imports require_nodes.yml first."""
+    """The guard above, for a playbook added later: each imports require_nodes.yml first (after
+    up.yml, for train.yml); up.yml and down.yml start on the controller."""
     folder = ansible_run.ROOT / "playbooks"
     names = sorted(p.stem for p in folder.glob("*.yml") if p.stem != "require_nodes")
-    assert names == sorted(PLAYBOOKS)
-    for name in names:
+    assert names == sorted(PLAYBOOKS + VM_PLAYBOOKS)
+    for name in PLAYBOOKS:
         plays = yaml.safe_load((folder / f"{name}.yml").read_text())
-        assert plays[0].get("ansible.builtin.import_playbook") == "require_nodes.yml", name
+        imports = [p.get("ansible.builtin.import_playbook") for p in plays[:2]]
+        first = imports[1] if imports[0] == "up.yml" else imports[0]
+        assert first == "require_nodes.yml", name
+    for name in VM_PLAYBOOKS:
+        plays = yaml.safe_load((folder / f"{name}.yml").read_text())
+        assert plays[0]["hosts"] == "localhost", name
