@@ -164,3 +164,15 @@ def test_a_vm_missing_from_the_group_is_created_in_its_zone_retried_then_named(f
     configure(fake, capacity={})
     result = run(fake, **GROUP)
     assert (result["created"], result["zone"]) == (["trainer-1"], "us-central1-a")
+
+
+def test_a_compact_placement_policy_holds_the_group_and_goes_with_it(fake):
+    result = run(fake, **GROUP, placement="compact")
+    assert result["changed"] is True, result.get("msg")
+    policy = "projects/hlf-test/regions/us-central1/resourcePolicies/trainer-compact"
+    for name in ("trainer-0", "trainer-1"):
+        assert instances(fake)[name]["resourcePolicies"][0].endswith(policy)
+    assert run(fake, **GROUP, placement="compact")["changed"] is False
+    result = run(fake, state="absent", prefix="trainer", zones=ZONES)
+    assert result["placement_policies_deleted"] == ["trainer-compact"]
+    assert run(fake, state="absent", prefix="trainer", zones=ZONES)["changed"] is False
