@@ -270,7 +270,7 @@ def test_kebab_and_numeric_ids():
 
 
 def test_the_document_the_cluster_publishes_for_a_vm(tmp_path):
-    definition = spec.load(name="md", shift=7, zone="europe-west4-b")
+    definition = spec.load(name="md", shift=7, zone="europe-west4-b", zones=["europe-west4-b"])
     vm1 = definition.vms[1]
     doc = cluster.metadata_document(definition, vm1, "02:42:c6:12:e0:0b")
     path = tmp_path / "instance.json"
