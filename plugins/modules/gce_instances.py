@@ -258,11 +258,18 @@ started:
 
 import time
 
+try:
+    import requests
+except ImportError:  # GcpModule names the missing library
+    requests = None
+
 from ansible_collections.google.cloud.plugins.module_utils.gcp_utils import (
     GcpModule,
     GcpSession,
 )
 from ansible_collections.hostnet.llamafactory.plugins.module_utils import _gce_instances as grp
+
+GET_ATTEMPTS = 5
 
 
 class ApiRefused(Exception):
@@ -301,8 +308,25 @@ class Group(object):
             )
         return body
 
+    def read(self, url, params=None):
+        """GET, tried again on a connection error (a read is safe to repeat; the API or the
+        network between may drop one request of the many a poll makes)."""
+        for attempt in range(GET_ATTEMPTS):
+            try:
+                # GcpSession's own headers and token; its full_get cannot report such an error.
+                return self.session.session().get(
+                    url, params=params, headers=self.session._set_headers(None)
+                )
+            except requests.exceptions.RequestException as exc:
+                if attempt == GET_ATTEMPTS - 1:
+                    self.module.fail_json(
+                        msg="reading %s failed %d times: %s"
+                        % (url, GET_ATTEMPTS, type(exc).__name__)
+                    )
+                time.sleep(min(30, 2**attempt))
+
     def get(self, path, doing):
-        response = self.session.full_get(self.url(path))
+        response = self.read(self.url(path))
         if response.status_code == 404:
             return None
         return self.answer(response, doing)
@@ -327,7 +351,7 @@ class Group(object):
                 )
             time.sleep(self.poll)
             for name, operation in list(pending.items()):
-                response = self.session.full_get(operation["selfLink"])
+                response = self.read(operation["selfLink"])
                 pending[name] = self.answer(response, "reading operation %s" % name)
         return errors
 
@@ -338,7 +362,7 @@ class Group(object):
         while True:
             if token:
                 query["pageToken"] = token
-            response = self.session.full_get(self.url("aggregated/instances"), params=query)
+            response = self.read(self.url("aggregated/instances"), params=query)
             body = self.answer(response, "listing the group's instances")
             for scoped in (body.get("items") or {}).values():
                 found.extend(scoped.get("instances") or [])
