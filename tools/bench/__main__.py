@@ -24,6 +24,10 @@
   hub            the base model from the Hub (the box's double, 200 MB at 50 MB/s) on 2 and
                  8 VMs: fetched once by rank 0's node and copied node to node, versus every
                  node downloading it by itself; the Hub's downloads counted
+  vms            up.yml (role gcp_vms) creating 1, 2, 8 and 32 VMs (--nodes: the largest count)
+                 through the box's Compute Engine API from an empty project and waiting for
+                 their SSH, interleaved, each run followed by down.yml: wall time, the module's
+                 create task, the SSH wait
   compare        with --compare REV: the re-run on 2 and 8 VMs and the time until the
                  preflight names each fault, the collection at REV (a git worktree) versus
                  this working tree, interleaved: ./dev bench --only compare --compare HEAD~3
@@ -58,6 +62,7 @@ BENCHMARKS = [
     "compare",
     "outputs",
     "hub",
+    "vms",
     "demo",
 ]
 NOTES = {
@@ -172,6 +177,19 @@ NOTES = {
         "checksummed. each node: llamafactory_hub_fetch each_node. The 8 VMs share this "
         "machine's 2 cores and disk."
     ),
+    "vms": (
+        "`ansible-playbook playbooks/up.yml` on the box's GCP-path inventory of an empty project "
+        "(no VM; zones us-central1-a and -b), `gcp_vms_count` N, machine type n2-standard-4, the "
+        "repository's ansible.cfg (25 forks), N = 1, 2, 8 and 32 (`--nodes` sets the largest) in "
+        "that order each repetition; "
+        "each run followed by `playbooks/down.yml -e gcp_vms_down_force=true` (its time in the "
+        "last column), so that every run starts from an empty project. The create task: the "
+        "module gce_instances (the quota check, one instances.insert per VM sent at once, the "
+        "wait until every VM runs); the SSH wait: wait_for_connection on every VM "
+        "(profile_tasks' times); the rest: Ansible's start, the other tasks, the inventory's "
+        "refresh. 1 VM is the floor (the inserts run in parallel). Each box VM is a Docker "
+        "container (systemd, sshd, dockerd) made on this machine's 2 cores."
+    ),
     "demo": (
         "Cold: after `./dev cluster rmi` (VM images, training image, registry image and its "
         "storage removed; the pip wheelhouse and the debootstrap downloads stay cached). "
@@ -238,7 +256,7 @@ def main(argv: list[str] | None = None) -> int:
         "--nodes",
         type=int,
         help="VMs of the bench cluster (default: 8 with rerun, profile or scale, else 2; "
-        "scale runs every count up to it: --nodes 32)",
+        "scale runs every count up to it: --nodes 32); vms: its largest count (32)",
     )
     args = parser.parse_args(argv)
     if args.rerun_reps is None:
@@ -270,7 +288,7 @@ def main(argv: list[str] | None = None) -> int:
     )
     logs = args.out / "logs"
     try:
-        cluster_benches = [b for b in selected if b not in ("demo", "hub")]
+        cluster_benches = [b for b in selected if b not in ("demo", "hub", "vms")]
         if cluster_benches:
             needed = 8 if {"rerun", "profile", "compare"} & set(selected) else 2
             if "scale" in selected:
@@ -302,6 +320,8 @@ def main(argv: list[str] | None = None) -> int:
             finally:
                 if not args.keep:
                     bench.down()
+        if "vms" in selected:  # an empty project of its own
+            runs.vms(results, args.reps, logs, keep=args.keep, largest=args.nodes or 32)
         if "hub" in selected:  # a cluster of its own
             runs.hub_fetch(results, args.reps, logs, keep=args.keep)
         if "demo" in selected:  # last: the cold run removes the images the others use

@@ -37,6 +37,8 @@ COMPARISONS = {
     "compare-time-to-cause": ("before", "after", "seconds", "after / before"),
     # The Hub model fetched by rank 0's node and copied, or by every node itself.
     "hub": ("each node", "once", "seconds", "once / each node"),
+    # up.yml from an empty project: each case one figure at N VMs next to the 2-VM run's.
+    "vms": ("2 VMs", "N VMs", "value", "N VMs / 2 VMs"),
 }
 TITLES = {
     "time-to-cause": "1. Time to a named cause (s, lower is better; a hang counts as the cap)",
@@ -73,6 +75,7 @@ TITLES = {
         "14. Before and after a change (--compare REV): time until the preflight names a fault (s)"
     ),
     "hub": "15. The Hub model (200 MB) fetched once and copied, or by every node (s of the fetch)",
+    "vms": "18. VMs from an empty project: up.yml creating N VMs and waiting for their SSH (s)",
 }
 # The profiles' tables list the tasks that take longest (on either variant); the rest in a line.
 PROFILE_ROWS = 30
@@ -206,6 +209,9 @@ def _extra(measurements: list[dict], bench: str, case: str) -> dict:
             "vm_cpu_s_per_node": {k: spread(v) for k, v in vms.items()},
             "changed": changed,
         }
+    if bench == "vms":  # the mean as well: the runs of a count, not a pair's ratio
+        values = [float(m["value"]) for m in mine if m["variant"] == COMPARISONS[bench][1]]
+        return {"mean": statistics.fmean(values) if values else None}
     return {}
 
 
@@ -291,6 +297,8 @@ def markdown(meta: dict, summary: dict) -> str:
                 )
         elif bench.startswith("profile-"):
             lines += _profile_table(cases, first, second, reads)
+        elif bench == "vms":
+            lines += vms_table(cases, second)
         else:
             lines += [f"| case | {first} | {second} | {reads} |", "|---|---|---|---|"]
             for case, row in cases.items():
@@ -307,6 +315,42 @@ def markdown(meta: dict, summary: dict) -> str:
             lines += ["", notes]
         lines.append("")
     return "\n".join(lines)
+
+
+def _mean(row: dict, variant: str, digits: int = 1) -> str:
+    """A row's mean of `variant` (min-max), or the one value."""
+    stats = row.get(variant) or {}
+    if not stats.get("n"):
+        return "-"
+    mean = row["extra"]["mean"]
+    if stats["n"] == 1:
+        return f"{mean:.{digits}f}"
+    return f"{mean:.{digits}f} ({stats['min']:.{digits}f}-{stats['max']:.{digits}f})"
+
+
+def vms_table(cases: dict, second: str) -> list[str]:
+    """The vms cases ("FIGURE, N VMs") as one row per number of VMs, one column per figure:
+    mean (min-max) over the repetitions; then up.yml's ratio to the 2-VM run, pair by pair."""
+    figures: list[str] = []
+    counts: set[int] = set()
+    for case in cases:
+        name, _sep, count = case.rpartition(", ")
+        if count.endswith(" VMs"):
+            if name not in figures:
+                figures.append(name)
+            counts.add(int(count.split()[0]))
+    lines = [
+        "| VMs | " + " | ".join(figures) + " | up.yml / 2 VMs (median, min-max) |",
+        "|---" * (len(figures) + 2) + "|",
+    ]
+    whole = figures[0] if figures else ""
+    for count in sorted(counts):
+        cells = [_mean(cases.get(f"{name}, {count} VMs", {}), second) for name in figures]
+        ratio = _fmt(cases.get(f"{whole}, {count} VMs", {}).get("ratio", {}), 2)
+        lines.append(
+            f"| {count} | " + " | ".join(cells) + f" | {ratio}{'x' if ratio != '-' else ''} |"
+        )
+    return lines
 
 
 def slowest(cases: dict, first: str, second: str, count: int) -> list[str]:
@@ -359,6 +403,9 @@ def chart(summary: dict, path: Path) -> None:
         first, second, figure_name, _reads = COMPARISONS[bench]
         if bench == "scale":
             _scale_curves(axis, summary[bench], first, second)
+            continue
+        if bench == "vms":
+            _vms_curves(axis, summary[bench], first, second)
             continue
         cases = list(summary[bench])
         if bench.startswith("profile-"):
@@ -424,3 +471,18 @@ def _scale_curves(axis, cases: dict, first: str, second: str) -> None:
     axis.set_title("10. At scale: the stand-in job, Ansible's default forks", fontsize=9)
     lines = axis.get_lines() + cpu_axis.get_lines()
     axis.legend(lines, [line.get_label() for line in lines], fontsize=7, loc="upper center")
+
+
+def _vms_curves(axis, cases: dict, first: str, second: str) -> None:
+    """up.yml and its steps over the number of VMs (medians)."""
+    curves = scale_curves(cases, first, second)
+    for name, points in curves.items():
+        counts = sorted(points)
+        axis.plot(counts, [points[c] for c in counts], marker="o", label=name)
+    axis.set_xscale("log", base=2)
+    axis.set_xticks(sorted({c for points in curves.values() for c in points}))
+    axis.set_xticklabels([str(c) for c in axis.get_xticks()])
+    axis.set_xlabel("VMs created (from an empty project)")
+    axis.set_ylabel("seconds (median)")
+    axis.set_title("18. VMs from an empty project", fontsize=9)
+    axis.legend(fontsize=7)

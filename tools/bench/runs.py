@@ -1544,3 +1544,158 @@ def hub_fetch(results: Results, reps: int, logs: Path, keep: bool = False) -> No
             path.unlink()  # the inventories cut from the cluster's (_static_inventory)
         if not keep:
             cluster.down(definition)
+
+
+# ------------------------------------------------------------------ VMs from an empty project
+
+VMS_CLUSTER = "benchvms"
+VMS_COUNTS = (1, 2, 8, 32)  # 1: one VM's creation alone, the floor (the inserts run in parallel)
+VMS_MACHINE = "n2-standard-4"
+# The two steps of up.yml, as profile_tasks names their tasks: the module's creation (its
+# quota check, the inserts and the wait for every VM to run) and the wait for every VM's SSH.
+VMS_STEPS = {
+    "create task (s)": "Create the VMs, or find them created",
+    "SSH wait (s)": "Wait for the VM's SSH",
+}
+VMS_WHOLE = "up.yml (s)"
+
+
+def vms_definition() -> spec.ClusterSpec:
+    """'benchvms': an empty project (no VM) on /24s that no other cluster uses, shifted by 7
+    (198.18.240.0/24, 198.19.240.0/24)."""
+    return spec.load(
+        name=VMS_CLUSTER,
+        shift=7,
+        nodes=0,
+        networks={
+            "vpc": {"subnet": "198.18.16.0/24", "mtu": 1460},
+            "external": {"subnet": "198.19.16.0/24"},
+        },
+    )
+
+
+def vms_split(tasks: dict[str, float], seconds: float) -> dict[str, float]:
+    """up.yml's wall time and profile_tasks' times (task name -> s) -> the figures of one run:
+    the whole run, the module's create task and the wait for SSH (each the sum of the tasks
+    whose name holds the step's task name), and the rest (Ansible's start, the other tasks, the
+    inventory's refresh)."""
+    figures = {VMS_WHOLE: round(seconds, 1)}
+    for figure, task in VMS_STEPS.items():
+        figures[figure] = round(sum(s for name, s in tasks.items() if task in name), 1)
+    figures["the rest (s)"] = round(seconds - sum(figures[f] for f in VMS_STEPS), 1)
+    return figures
+
+
+def vms_counts(largest: int) -> tuple[int, ...]:
+    """The counts of the series: the floor, 2, 8 and `largest` (--nodes; 32 by default)."""
+    return tuple(sorted({c for c in VMS_COUNTS[:-1] if c <= largest} | {largest}))
+
+
+def vms_series(results: Results, reps: int, once, counts: tuple[int, ...] = VMS_COUNTS) -> None:
+    """once(count, rep) -> figures for every count of `counts` in that order, repetition after
+    repetition, each run recorded at once as "FIGURE, N VMs" (variant N VMs) and, once the
+    repetition's 2-VM run is in, paired with it (variant 2 VMs). A resumed run measures what
+    is missing, and the 2-VM run again when a count of its repetition is missing (the pairs)."""
+    for rep in range(1, reps + 1):
+        missing = [
+            count
+            for count in counts
+            if not results.has("vms", f"{VMS_WHOLE}, {count} VMs", "N VMs", rep)
+        ]
+        if missing and 2 not in missing and 2 in counts:
+            missing = sorted({*missing, 2})
+        measured: dict[int, dict] = {}
+        for count in missing:
+            measured[count] = once(count, rep)
+            items = [
+                ("vms", f"{name}, {count} VMs", "N VMs", rep, {"value": value})
+                for name, value in measured[count].items()
+            ]
+            if 2 in measured:  # every count of the repetition so far, paired with it
+                done = [
+                    c
+                    for c in counts
+                    if c in measured or results.has("vms", f"{VMS_WHOLE}, {c} VMs", "N VMs", rep)
+                ]
+                items += [
+                    ("vms", f"{name}, {c} VMs", "2 VMs", rep, {"value": value})
+                    for c in done
+                    for name, value in measured[2].items()
+                ]
+            results.add_many(items)
+
+
+def vms(
+    results: Results, reps: int, logs: Path, keep: bool = False, largest: int = VMS_COUNTS[-1]
+) -> None:
+    """up.yml (role gcp_vms) creating N VMs through the box's Compute Engine API in an empty
+    project and waiting for their SSH, N = 1, 2, 8 and 32 interleaved by repetition, each run
+    followed by down.yml (gcp_vms_down_force) so that the next one starts from an empty project.
+    Each count's figures are paired with the 2-VM run of the same repetition."""
+    definition = vms_definition()
+    say(f"cluster {VMS_CLUSTER}: an empty project")
+    state = cluster.up(definition)
+    inventory = state["gcp_inventory"]
+    env = {
+        **state["gce"]["env"],
+        **PROFILE_ENV,
+        "ANSIBLE_CALLBACKS_ENABLED": "ansible.posix.profile_tasks",
+    }
+    gce = box_api.Box(state["gce"])
+
+    def instances() -> list[str]:
+        listed = gce.call("GET", f"{gce.project_url}/aggregated/instances")
+        return [
+            i["name"]
+            for scope in listed.get("items", {}).values()
+            for i in scope.get("instances", [])
+        ]
+
+    def down(label: str) -> float:
+        command = [
+            "ansible-playbook",
+            "playbooks/down.yml",
+            "-i",
+            inventory,
+            "-e",
+            json.dumps({"gcp_vms_prefix": VMS_CLUSTER, "gcp_vms_down_force": True}),
+        ]
+        result = run_logged(
+            command, logs / f"{slug(label)}-down.log", f"{label}: down", 1200, env=env
+        )
+        left = instances()
+        if result["rc"] != 0 or left:
+            raise BenchError(
+                f"{label}: down.yml rc {result['rc']}, left {left}: {result['output'][-1500:]}"
+            )
+        return result["seconds"]
+
+    def once(count: int, rep: int) -> dict:
+        label = f"vms {count} {rep}"
+        settle(threshold=0.5, quiet_s=5, max_s=30)  # the other work on this machine
+        variables = {
+            "gcp_vms_count": count,
+            "gcp_vms_prefix": VMS_CLUSTER,
+            "gcp_vms_machine_type": VMS_MACHINE,
+        }
+        command = ["ansible-playbook", "playbooks/up.yml", "-i", inventory]
+        command += ["-e", json.dumps(variables)]
+        result = run_logged(command, logs / f"{slug(label)}.log", label, 1800, env=env)
+        made = instances()
+        if result["rc"] != 0 or len(made) != count:
+            raise BenchError(
+                f"{label}: rc {result['rc']}, {len(made)} VMs: {result['output'][-1500:]}"
+            )
+        figures = vms_split(task_profile(result["output"]), result["seconds"])
+        figures["down.yml (s)"] = round(down(label), 1)
+        say(f"{label}: {figures}")
+        return figures
+
+    try:
+        if instances():
+            down("leftovers")
+        vms_series(results, reps, once, vms_counts(largest))
+    finally:
+        gce.close()
+        if not keep:
+            cluster.down(definition)

@@ -336,3 +336,72 @@ def test_the_hub_benchmarks_cut_of_the_static_inventory(tmp_path):
 def test_the_hub_benchmark_compares_once_with_each_node():
     assert results_module.COMPARISONS["hub"][:2] == ("each node", "once")
     assert set(runs.HUB_VARIANTS.values()) == {"once", "each_node"}
+
+
+# profile_tasks' recap of a real up.yml run (1 VM), its role's tasks prefixed with the role.
+ROLE = "hostnet.llamafactory.gcp_vms : "
+VMS_OUTPUT = "\n".join(
+    [
+        "TASKS RECAP ********************************************************************",
+        "=" * 79,
+        ROLE + "Check the VM settings before any API call --- 0.03s",
+        ROLE + "Create the VMs, or find them created (quotas first, then zone by zone) --- 8.02s",
+        ROLE + "Say where the VMs are -------------------- 0.04s",
+        ROLE + "Read the inventory again (the new VMs and their addresses) --- 0.16s",
+        "Say what is awaited ----------------------------------------------------- 0.02s",
+        "Wait for the VM's SSH (bounded by gcp_vms_ssh_timeout) ------------------ 0.61s",
+    ]
+)
+
+
+def test_an_up_run_is_split_into_the_create_task_the_ssh_wait_and_the_rest():
+    figures = runs.vms_split(runs.task_profile(VMS_OUTPUT), 9.84)
+    assert figures == {
+        "up.yml (s)": 9.8,
+        "create task (s)": 8.0,
+        "SSH wait (s)": 0.6,
+        "the rest (s)": 1.2,  # 9.8 - 8.0 - 0.6
+    }
+
+
+def test_the_vms_series_is_interleaved_and_paired_with_the_2_vm_run(tmp_path):
+    order = []
+
+    def once(count, rep):
+        order.append((rep, count))
+        return {"up.yml (s)": float(count + rep), "SSH wait (s)": 1.0}
+
+    results = Results(tmp_path)
+    runs.vms_series(results, 2, once)
+    assert order == [(r, c) for r in (1, 2) for c in runs.VMS_COUNTS]  # 1, 2, 8, 32, 1, 2 ...
+    rows = results.measurements
+    whole = [
+        (m["variant"], m["rep"], m["value"]) for m in rows if m["case"] == "up.yml (s), 32 VMs"
+    ]
+    assert whole == [("N VMs", 1, 33.0), ("2 VMs", 1, 3.0), ("N VMs", 2, 34.0), ("2 VMs", 2, 4.0)]
+    # The 1-VM run, made before the 2-VM one, is paired with it too.
+    assert {m["variant"] for m in rows if m["case"] == "up.yml (s), 1 VMs"} == {"2 VMs", "N VMs"}
+    table = (tmp_path / "results.md").read_text()
+    assert "| VMs | up.yml (s) | SSH wait (s) | up.yml / 2 VMs (median, min-max) |" in table
+    assert "| 32 | 33.5 (33.0-34.0) | 1.0 (1.0-1.0) | 9.75 (8.50-11.00)x |" in table
+    assert "| 2 | 3.5 (3.0-4.0) | 1.0 (1.0-1.0) | 1.00 (1.00-1.00)x |" in table
+    # A resumed run measures only what is missing, and the 2-VM run again for the pairs.
+    results.measurements = [
+        m for m in results.measurements if not (m["rep"] == 2 and "8 VMs" in m["case"])
+    ]
+    order.clear()
+    runs.vms_series(results, 2, once)
+    assert order == [(2, 2), (2, 8)]
+
+
+def test_the_vms_chart_is_drawn(tmp_path):
+    pytest.importorskip("matplotlib", reason="matplotlib is the bench's own dependency")
+    results = Results(tmp_path)
+    runs.vms_series(results, 1, lambda count, rep: {"up.yml (s)": 5.0 + count})
+    assert (tmp_path / "results.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+def test_the_vms_counts_are_the_floor_2_8_and_the_largest():
+    assert runs.vms_counts(32) == runs.VMS_COUNTS == (1, 2, 8, 32)
+    assert runs.vms_counts(16) == (1, 2, 8, 16)
+    assert runs.vms_counts(4) == (1, 2, 4)
