@@ -2,18 +2,11 @@
 (tools/localcluster/compute_api.py, checked against Google's published contract): stop, start,
 labels, a delete refused without the job's label, check mode, capacity retries."""
 
-import json
-import os
-import subprocess
-import sys
-from pathlib import Path
-
 import compute_contract
+import gce_module
 import pytest
 import requests
 
-ROOT = Path(__file__).resolve().parents[4]
-ANSIBLE = Path(sys.executable).parent / "ansible"
 PROJECT = "hlf-test"
 ZONE = "us-central1-a"
 
@@ -42,29 +35,9 @@ def instance(fake, name):
 
 def run(fake, check=False, **args):
     info, _session = fake
-    args = {"project": PROJECT, "zone": ZONE, "auth_kind": "accesstoken", **args}
-    args.setdefault("access_token", info["token"])
-    args.setdefault("poll_interval", 0.1)
-    env = {k: v for k, v in os.environ.items() if not k.startswith("GCP_")}
-    env.update(info["env"])
-    env.update(
-        ANSIBLE_CONFIG=str(ROOT / "ansible.cfg"),
-        ANSIBLE_LOAD_CALLBACK_PLUGINS="1",
-        ANSIBLE_STDOUT_CALLBACK="json",
+    return gce_module.run_module(
+        "gce_instance", info, {"project": PROJECT, "zone": ZONE, **args}, check
     )
-    command = [str(ANSIBLE), "localhost", "-m", "hostnet.llamafactory.gce_instance"]
-    command += ["-a", json.dumps(args), "-e", f"ansible_python_interpreter={sys.executable}"]
-    result = subprocess.run(
-        command + (["--check"] if check else []),
-        cwd=ROOT,
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=120,
-        check=False,
-    )
-    output = json.loads(result.stdout)
-    return output["plays"][0]["tasks"][0]["hosts"]["localhost"]
 
 
 def test_stop_then_start_are_idempotent(fake):

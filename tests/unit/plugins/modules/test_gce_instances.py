@@ -4,18 +4,11 @@ created in the first zone with room, a stock-out moving it whole to the next zon
 small refused before any VM is created, a re-run that changes nothing, a VM of another machine
 type named, check mode, and a delete that touches only the group."""
 
-import json
-import os
-import subprocess
-import sys
-from pathlib import Path
-
 import compute_contract
+import gce_module
 import pytest
 import requests
 
-ROOT = Path(__file__).resolve().parents[4]
-ANSIBLE = Path(sys.executable).parent / "ansible"
 PROJECT = "hlf-test"
 ZONES = ["us-central1-a", "us-central1-b"]
 GROUP = {
@@ -66,29 +59,7 @@ def inserts(fake):
 
 def run(fake, check=False, **args):
     info, _session = fake
-    args = {"project": PROJECT, "auth_kind": "accesstoken", **args}
-    args.setdefault("access_token", info["token"])
-    args.setdefault("poll_interval", 0.1)
-    env = {k: v for k, v in os.environ.items() if not k.startswith("GCP_")}
-    env.update(info["env"])
-    env.update(
-        ANSIBLE_CONFIG=str(ROOT / "ansible.cfg"),
-        ANSIBLE_LOAD_CALLBACK_PLUGINS="1",
-        ANSIBLE_STDOUT_CALLBACK="json",
-    )
-    command = [str(ANSIBLE), "localhost", "-m", "hostnet.llamafactory.gce_instances"]
-    command += ["-a", json.dumps(args), "-e", f"ansible_python_interpreter={sys.executable}"]
-    result = subprocess.run(
-        command + (["--check"] if check else []),
-        cwd=ROOT,
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=180,
-        check=False,
-    )
-    output = json.loads(result.stdout)
-    return output["plays"][0]["tasks"][0]["hosts"]["localhost"]
+    return gce_module.run_module("gce_instances", info, {"project": PROJECT, **args}, check)
 
 
 def test_a_stockout_moves_the_whole_group_to_the_next_zone_and_a_rerun_changes_nothing(fake):
