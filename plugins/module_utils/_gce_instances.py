@@ -15,7 +15,9 @@ from __future__ import absolute_import, division, print_function
 
 __metaclass__ = type
 
-API = "https://compute.googleapis.com/compute/v1/"
+from ansible_collections.hostnet.llamafactory.plugins.module_utils import _gce_instance
+
+API = _gce_instance.API
 
 # The regional quota of each GPU (the accelerator type as machineTypes.get names it); a spot VM
 # counts against PREEMPTIBLE_<metric> where the project has that quota (limit > 0), else against
@@ -33,19 +35,14 @@ GPU_QUOTAS = {
     "nvidia-b200": "NVIDIA_B200_GPUS",
 }
 # A stock-out of the zone: the group moves on to the next zone.
-CAPACITY_ERRORS = (
-    "ZONE_RESOURCE_POOL_EXHAUSTED",
-    "ZONE_RESOURCE_POOL_EXHAUSTED_WITH_DETAILS",
-    "RESOURCE_POOL_EXHAUSTED",
-)
+CAPACITY_ERRORS = (*_gce_instance.CAPACITY_ERRORS, "RESOURCE_POOL_EXHAUSTED")
 QUOTA_ERRORS = ("QUOTA_EXCEEDED",)
 GROUP_LABEL = "llamafactory-group"  # marks a VM this collection created (value: the group)
 SCOPE_CLOUD_PLATFORM = "https://www.googleapis.com/auth/cloud-platform"
 
 
-def short(link):
-    """The last part of a resource link ('us-central1-a' of .../zones/us-central1-a)."""
-    return (link or "").rstrip("/").rsplit("/", 1)[-1]
+# The last part of a resource link ('us-central1-a' of .../zones/us-central1-a).
+short = _gce_instance.short_zone
 
 
 def region_of(zone):

@@ -5,12 +5,12 @@ that changes nothing, and a delete refused until the model is safe on the contro
 
 import hashlib
 import json
-import os
 import subprocess
 import sys
 from pathlib import Path
 
 import compute_contract
+import gce_module
 import pytest
 import requests
 
@@ -51,13 +51,7 @@ def play(fake, playbook, **extra):
     info, _session, settings, tmp_path = fake
     variables = tmp_path / "vars.json"
     variables.write_text(json.dumps({**settings, **extra}))
-    env = {k: v for k, v in os.environ.items() if not k.startswith("GCP_")}
-    env.update(info["env"])
-    env.update(
-        ANSIBLE_CONFIG=str(ROOT / "ansible.cfg"),
-        ANSIBLE_LOAD_CALLBACK_PLUGINS="1",
-        ANSIBLE_STDOUT_CALLBACK="json",
-    )
+    env = gce_module.ansible_env(info)
     command = [str(PLAYBOOK), str(ROOT / "playbooks" / playbook), "-i", "localhost,"]
     command += ["-c", "local", "-e", f"@{variables}"]
     command += ["-e", f"ansible_python_interpreter={sys.executable}"]
