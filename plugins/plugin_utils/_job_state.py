@@ -15,6 +15,9 @@ __metaclass__ = type
 
 from ansible_collections.hostnet.llamafactory.plugins.module_utils._job import LABEL_DIGEST
 
+# roles/launch/files/rank_agent.py: its agent stopped the rank at the job's time limit.
+EXIT_MAX_DURATION = 124
+
 
 def common_checkpoint(reports):
     """The newest checkpoint step every rank holds completely, or None."""
@@ -157,6 +160,8 @@ def describe(report):
             return "killed (SIGKILL, exit 137)"
         if code == 143:
             return "stopped (SIGTERM, exit 143)"
+        if code == EXIT_MAX_DURATION:
+            return "stopped at the job's time limit (gcp_instances_max_duration, exit %s)" % code
         return "exited with code %s" % code
     if state == "missing":
         return "has no container"
@@ -301,6 +306,11 @@ def restart_advice(result, reports, findings=()):
         advice.update(restartable=True, kind="killed", why="a killed rank can be started again")
     elif code == 143:
         advice["why"] = "stopped on purpose (SIGTERM: playbooks/stop.yml or docker stop)"
+    elif code == EXIT_MAX_DURATION:
+        advice.update(
+            kind="max-duration",
+            why="the job ran to its time limit (gcp_instances_max_duration): a cap is not retried",
+        )
     elif code == EXIT_PEER_LOST:
         advice.update(restartable=True, kind="peer-lost", why="another rank was lost")
     elif ids and ids <= set(TRANSIENT_FINDINGS):

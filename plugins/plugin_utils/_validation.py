@@ -165,6 +165,7 @@ RULES = {
     "gcp_instances_label": dict(check=checks.label_key),
     "gcp_instances_timeout": dict(low=1),
     "gcp_instances_capacity_retries": dict(low=0),
+    "gcp_instances_max_duration": dict(low=0),
     "gcp_firewall_cluster_name": dict(check=checks.gce_name(63 - len("-nodes"))),
     "gcp_firewall_network": dict(check=checks.gce_name(63)),
     "gcp_firewall_priority": dict(low=0, high=65535),

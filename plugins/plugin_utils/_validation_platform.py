@@ -24,6 +24,7 @@ def problems(nodes, effective, values, purpose, forks, instances):
     found += _registry_credentials(values)
     found += _vm_deletion(values, purpose)
     found += _wait_forks(nodes, effective, values, purpose, forks)
+    found += _max_duration(nodes, effective, values, purpose)
     found += _gcp_credentials(nodes, effective, values, purpose)
     return found
 
@@ -129,6 +130,23 @@ def _wait_forks(nodes, effective, values, purpose, forks):
                 len(nodes),
                 effective[without_agents[0]]["llamafactory_network_mode"],
                 len(nodes),
+            )
+        ]
+    return []
+
+
+def _max_duration(nodes, effective, values, purpose):
+    """The time limit is kept by the ranks' agents, which run with host networking only."""
+    without_agents = [h for h in nodes if effective[h]["llamafactory_network_mode"] != "host"]
+    if purpose == "train" and values["gcp_instances_max_duration"] and without_agents:
+        return [
+            "gcp_instances_max_duration is %s but llamafactory_network_mode is %s on %s: the "
+            "time limit is kept by the ranks' agents, which run with host networking only. Set "
+            "llamafactory_network_mode=host, or gcp_instances_max_duration=0."
+            % (
+                values["gcp_instances_max_duration"],
+                effective[without_agents[0]]["llamafactory_network_mode"],
+                without_agents[0],
             )
         ]
     return []

@@ -129,6 +129,61 @@ def test_a_vanished_node_ends_the_job_within_the_bound_without_the_controller(
     assert "rank 1 (vm1) stopped (SIGTERM" not in message
 
 
+def test_a_job_past_its_time_limit_stops_without_the_controller_and_its_vms_stop(
+    train_cluster, test_cluster, box, tmp_path
+):
+    """gcp_instances_max_duration, detached: every rank's agent stops its training at the limit
+    with nobody watching; the re-attach names the limit, does not restart, brings the logs and
+    stops the VMs (gcp_instances_when_failed: stop), as after any failure."""
+    inventory, vms = train_cluster
+    job = "e2e-limit"
+    limit = 90
+    forget_job(vms, job)
+    launched = time.time()
+    rc, _stats, failures, _events = play(
+        inventory,
+        tmp_path / "start",
+        job,
+        launch_wait=False,
+        gcp_instances_max_duration=limit,
+        llamafactory_train_overrides=LONG,
+    )
+    assert rc == 0, failures
+    agent = json.loads(vms[0].sh(f"cat {JOBS}/{job}/agent.json").stdout)
+    assert agent["max_duration"] == limit and launched < agent["deadline"] - limit < time.time()
+    wait_until(
+        lambda: not any(container(vm, job)["State"]["Running"] for vm in vms),
+        limit + 180,
+        "every rank stopped at the time limit",
+    )
+    for vm in vms:
+        state = container(vm, job)["State"]
+        assert state["ExitCode"] == 124, state
+        said_by_agent = f"stopping this rank: the job ran to gcp_instances_max_duration ({limit} s)"
+        assert said_by_agent in logs(vm, job)
+    try:
+        rc, _stats, failures, events = attach(
+            inventory, tmp_path / "attach", job, gcp_instances_when_failed="stop"
+        )
+        assert rc != 0
+        message = failures["vm0"]["msg"]
+        assert "stopped at the job's time limit (gcp_instances_max_duration, exit 124)" in message
+        text = said(events)
+        assert "restart 1 of" not in text
+        assert (tmp_path / "results" / job / "logs").is_dir()
+        for vm in vms:
+            assert box.instance(vm.name)["status"] == "TERMINATED"
+            assert (
+                f"{vm.name} ({vm.name}, {box.zone}): RUNNING -> TERMINATED (stop) "
+                "(gcp_instances_when_failed: stop)" in text
+            )
+    finally:
+        for vm in vms:
+            if box.instance(vm.name)["status"] != "RUNNING":
+                box.act(vm.name, "start")
+        follow_restarts(test_cluster, vms)  # new external addresses, for the later tests
+
+
 def test_a_stopped_vm_is_started_the_job_resumes_and_the_vms_stop_when_done(
     train_cluster, test_cluster, box, bucket, tmp_path
 ):

@@ -21,6 +21,10 @@ Either way this agent stops its own training (SIGTERM to the process group, SIGK
 `stop_grace` seconds). Liveness is the agent's answer, not the log: a rank that saves or
 evaluates for an hour in silence still answers.
 
+The job's time limit (`deadline`, seconds since the epoch, from the controller's
+gcp_instances_max_duration): at it, every agent stops its training and exits with
+EXIT_MAX_DURATION, which no restart retries - a cap on cost that holds with the controller gone.
+
 Restarts on the nodes (`max_restarts`): when an attempt ends, every agent publishes how its
 rank ended and waits (bounded) for the others' ends. The job restarts when a rank's training was
 killed (SIGKILL, not by the OOM killer) and no rank failed in a way a restart cannot cure (out of
@@ -60,6 +64,7 @@ import threading
 import time
 
 EXIT_PEER_LOST = 75  # EX_TEMPFAIL: this rank was fine; another was lost (a restart can cure it)
+EXIT_MAX_DURATION = 124  # as timeout(1): the job ran to its time limit (not retried)
 PREFIX = "[hostnet.llamafactory agent]"
 CHECKPOINT = re.compile(r"^checkpoint-(\d+)$")
 # torchrun's summary when a worker died of SIGKILL: its root cause names the signal.
@@ -71,7 +76,8 @@ RELAUNCH_ARGS = ("resume_from_checkpoint=", "overwrite_output_dir=")
 
 # How an attempt ended on one rank ("kind" of its end):
 CURABLE = ("killed",)  # a restart can cure it
-INCURABLE = ("oom", "lost", "unreachable", "stopped", "cannot-start")  # it cannot, or must not
+# A restart cannot cure these, or must not:
+INCURABLE = ("oom", "lost", "unreachable", "stopped", "cannot-start", "max-duration")
 # "error" (an exit code of its own) and "peer" (stopped because another rank failed) follow the
 # others: a consequence of a kill elsewhere, or the job's own failure when nothing was killed.
 
@@ -132,6 +138,23 @@ def judge(peers, now, started, settings, attempt=0):
                 f"{peer.name(port)} has not answered for {now - peer.last_seen:.0f} s "
                 f"(peer_timeout {settings['peer_timeout']} s): its node is gone, frozen or cut off"
             )
+    return None
+
+
+def past_deadline(peers, now, settings):
+    """Why the job's time limit ends this rank, or None: the deadline passed on this node's
+    clock, or another rank already stopped at it (a clock behind by a few seconds must not
+    make this rank's stop look like a failure a restart could cure)."""
+    deadline = settings.get("deadline")
+    if not deadline:
+        return None
+    limit = settings.get("max_duration")
+    named = f"gcp_instances_max_duration ({limit} s)" if limit else "the job's time limit"
+    if now >= deadline:
+        return f"the job ran to {named}"
+    for peer in peers:
+        if (peer.state or {}).get("code") == EXIT_MAX_DURATION:
+            return f"the job ran to {named} (rank {peer.rank} stopped at it)"
     return None
 
 
@@ -566,9 +589,14 @@ class Agent:
             returncode = self.child.poll()
             if returncode is not None or self.terminated:
                 break
+            now = time.time()
             if watching:
-                now = time.time()
                 self.poll_peers(now)
+            limit = past_deadline(self.peers, now, settings)
+            if limit:
+                found = ("max-duration", limit)
+                break
+            if watching:
                 found = judge(self.peers, now, started, settings, attempt)
                 if found:
                     break
@@ -587,7 +615,11 @@ class Agent:
         self.end_group()
         output = self.output.text()
         if found:
-            return found[0], found[1], EXIT_PEER_LOST
+            return (
+                found[0],
+                found[1],
+                (EXIT_MAX_DURATION if found[0] == "max-duration" else EXIT_PEER_LOST),
+            )
         if self.terminated:
             return "stopped", f"stopped on purpose (exit {code})", code
         now_ooms = oom_kills()
@@ -740,7 +772,7 @@ class Agent:
             if command is None:
                 break
         final = {"state": "exited", "code": code, "end": end}
-        if kind in ("peer", "lost", "unreachable"):
+        if kind in ("peer", "lost", "unreachable", "max-duration"):
             final["why"] = f"stopped by its agent: {why}"
         elif kind == "cannot-start":
             final["why"] = why

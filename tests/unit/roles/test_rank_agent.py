@@ -188,6 +188,42 @@ def test_sigterm_stops_the_training_as_docker_stop_does(job):
     assert code == 128 + signal.SIGTERM, err
 
 
+def test_the_time_limit_stops_every_rank_and_is_not_restarted(job, tmp_path):
+    deadline = time.time() + 4
+    j = job(
+        SLEEP,
+        SLEEP,
+        peer_timeout=20,
+        deadline=lambda _rank: deadline,
+        max_duration=lambda _rank: 4,
+        max_restarts=lambda _rank: 2,
+        state_file=lambda rank: str(tmp_path / f"state{rank}.json"),
+    )
+    for rank in (0, 1):
+        code, err = j.wait(rank, timeout=40)
+        assert code == rank_agent.EXIT_MAX_DURATION, err
+        assert time.time() >= deadline
+        said = f"rank {rank}: stopping this rank: the job ran to gcp_instances_max_duration (4 s)"
+        assert said in err
+        assert "restart" not in err
+        state = json.loads((tmp_path / f"state{rank}.json").read_text())
+        assert state["why"].startswith("stopped by its agent: the job ran to")
+        assert state["end"]["kind"] == "max-duration"
+
+
+def test_a_peer_stopped_at_the_time_limit_is_the_limit_not_a_failure():
+    """A node whose clock is a little behind sees its peer stop at the limit before its own."""
+    settings = {"deadline": 1000.0, "max_duration": 60}
+    stopped = peer(last=999, state={"state": "exited", "code": rank_agent.EXIT_MAX_DURATION})
+    assert rank_agent.past_deadline([stopped], 990.0, settings) == (
+        "the job ran to gcp_instances_max_duration (60 s) (rank 1 stopped at it)"
+    )
+    running = peer(last=999, state={"state": "running"})
+    assert rank_agent.past_deadline([running], 990.0, settings) is None
+    assert rank_agent.past_deadline([running], 1000.0, settings).endswith("(60 s)")
+    assert rank_agent.past_deadline([stopped], 990.0, {"deadline": None}) is None
+
+
 def test_a_command_that_cannot_start_is_named_and_stops_the_others(job, tmp_path):
     settings = {
         "job": "unit",

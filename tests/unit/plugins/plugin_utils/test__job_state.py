@@ -389,6 +389,10 @@ def test_condense():
         ({"state": "exited", "exit_code": 137}, "killed (SIGKILL, exit 137)"),
         ({"state": "exited", "exit_code": 143}, "stopped (SIGTERM, exit 143)"),
         (
+            {"state": "exited", "exit_code": 124},
+            "stopped at the job's time limit (gcp_instances_max_duration, exit 124)",
+        ),
+        (
             {"state": "exited", "exit_code": 137, "oom_killed": True},
             "killed by the kernel's OOM killer (exit 137)",
         ),
@@ -498,6 +502,7 @@ AGENT_LINE = (
         (1, [], False, False, "", "exit 1"),
         (137, [], True, False, "", "out of memory"),
         (143, [], False, False, "", "stopped on purpose"),
+        (124, [], False, False, "max-duration", "a cap is not retried"),
     ],
 )
 def test_what_a_restart_can_cure(code, lines, oom, restartable, kind, why):

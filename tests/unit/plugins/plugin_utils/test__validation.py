@@ -526,6 +526,22 @@ CATALOGUE = [
         "gcp_instances_capacity_retries",
         "at least 0",
     ),
+    case(
+        "max-duration",
+        {"gcp_instances_max_duration": -5},
+        "gcp_instances_max_duration",
+        "at least 0",
+    ),
+    case(
+        "max-duration-bridge",
+        {
+            "gcp_instances_max_duration": 3600,
+            "llamafactory_network_mode": "bridge",
+            "llamafactory_allow_bridge": True,
+        },
+        "gcp_instances_max_duration",
+        "llamafactory_network_mode=host, or gcp_instances_max_duration=0",
+    ),
     case("agent-port", {"launch_agent_port": 80}, "launch_agent_port", "from 1024 to 65535"),
     case(
         "agent-port-clash",
