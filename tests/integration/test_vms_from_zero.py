@@ -2,7 +2,9 @@
 Compute Engine API): a quota too small refused before any VM exists, a stock-out moving the
 group to the next zone, a re-run of up.yml with changed=0; then train.yml on them with a spot VM
 deleted by its preemption mid-training - created again, set up, the job resumed from the
-bucket's newest checkpoint - and down.yml deleting the rule and every VM."""
+bucket's newest checkpoint - and at the end, the model safe, the VMs and the rule deleted by the
+same run (gcp_instances_when_done: delete). down.yml is tested over the fake API
+(tests/unit/roles/test_gcp_vms.py)."""
 
 import json
 import threading
@@ -106,7 +108,8 @@ def test_quota_first_then_the_zone_with_room_and_a_rerun_changes_nothing(zero, t
 def test_a_spot_vm_deleted_by_preemption_is_created_again_and_the_job_resumes(zero, tmp_path):
     """train.yml creates the group when the test before did not; rank 1's VM is preempted with
     DELETE once a checkpoint is complete in the bucket: the restart names the preemption,
-    creates the VM again (same name and rank), sets it up and resumes from the bucket."""
+    creates the VM again (same name and rank), sets it up and resumes from the bucket; at the
+    end the same run deletes the VMs and the rule (gcp_instances_when_done: delete)."""
     definition, state, gce, storage, pull = zero
     gce.fake("config", {"capacity": {}})
     job = "zero-spot"
@@ -126,6 +129,7 @@ def test_a_spot_vm_deleted_by_preemption_is_created_again_and_the_job_resumes(ze
                 "launch_max_restarts": 1,
                 "launch_peer_timeout": 30,
                 "gcp_instances_restart_stopped": True,
+                "gcp_instances_when_done": "delete",
                 "llamafactory_train_overrides": {"max_steps": 120, "save_steps": 10},
                 "gcs_outputs_interval_s": 2,
             },
@@ -155,17 +159,18 @@ def test_a_spot_vm_deleted_by_preemption_is_created_again_and_the_job_resumes(ze
     text = said(result.events)
     assert f"the VM of {GROUP}-1 is deleted - preempted at" in text, text[-3000:]
     assert f"{GROUP}-1: deleted" in text and "creating it again" in text
-    assert "resuming from checkpoint-" in text
-    assert set(instances(zero)) == {f"{GROUP}-0", f"{GROUP}-1"}
+    restart = next(line for line in text.splitlines() if line.startswith("restart 1 of 1"))
+    resumed_at = int(restart.split("resuming from checkpoint-")[1].split(",")[0])
+    assert f"{GROUP}-1: checkpoint-{resumed_at} restored from " in text
+    log = (results / job / "trainer_log.jsonl").read_text().splitlines()
+    steps = [json.loads(line)["current_steps"] for line in log if line.strip()]
+    again = next(i for i in range(1, len(steps)) if steps[i] < steps[i - 1])
+    assert steps[again] == resumed_at + 1 and steps[-1] == 120  # resumed, then finished
+    assert (results / job / "adapter" / "SHA256SUMS").is_file()
+    assert any(n.startswith(f"zero/{job}/output/") for n in storage.objects(f"zero/{job}/"))
 
-    # Down: the model is here (train.yml brought it), so the rule and the VMs go.
-    down = run_playbook(
-        state["gcp_inventory"],
-        tmp_path / "down",
-        "playbooks/down.yml",
-        {"gcp_vms_prefix": GROUP, "llamafactory_job": job, "launch_results_dir": str(results)},
-        envvars=state["gce"]["env"],
-    )[0]
-    assert down.rc == 0, json.dumps(down.failures(), indent=1)
+    # Down in the same run: the model is safe (here and in the bucket), so the VMs, the rule
+    # and the group's placement policy went.
+    assert f"{GROUP}-1 ({GROUP}-1, {zone}): RUNNING -> " in text
     assert instances(zero) == {}
     assert not [r for r in gce.rules() if r.startswith("llamafactory-")]

@@ -39,6 +39,8 @@ COMPARISONS = {
     "hub": ("each node", "once", "seconds", "once / each node"),
     # up.yml from an empty project: each case one figure at N VMs next to the 2-VM run's.
     "vms": ("2 VMs", "N VMs", "value", "N VMs / 2 VMs"),
+    # A spot VM preempted mid-training: started again (STOP) or created again (DELETE).
+    "preemption": ("preempted, STOP", "preempted, DELETE", "value", "DELETE / STOP"),
 }
 TITLES = {
     "time-to-cause": "1. Time to a named cause (s, lower is better; a hang counts as the cap)",
@@ -76,6 +78,10 @@ TITLES = {
     ),
     "hub": "15. The Hub model (200 MB) fetched once and copied, or by every node (s of the fetch)",
     "vms": "18. VMs from an empty project: up.yml creating N VMs and waiting for their SSH (s)",
+    "preemption": (
+        "19. A spot VM preempted mid-training: seconds from the preemption to each step of the "
+        "restart"
+    ),
 }
 # The profiles' tables list the tasks that take longest (on either variant); the rest in a line.
 PROFILE_ROWS = 30

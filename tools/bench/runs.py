@@ -1699,3 +1699,163 @@ def vms(
         gce.close()
         if not keep:
             cluster.down(definition)
+
+
+PREEMPT_VARIANTS = {"preempted, STOP": "stop", "preempted, DELETE": "delete"}
+# Task banners in train.yml's output, in the order a restart after a preemption passes them.
+PREEMPT_MARKS = {
+    "cause named": "Name the VMs that are not running as the cause",
+    "VM back": "Find every node's NIC and MASTER_ADDR again after a VM was started",
+    "relaunch decided": "Decide again",
+}
+PREEMPT_STEPS = {"max_steps": 400, "save_steps": 10}  # the stand-in's 0.5 s steps
+
+
+def _marks_seen(log_path: Path, started: float, seen: dict, stop: threading.Event) -> None:
+    """Note when each PREEMPT_MARKS banner first appears in the run's log (s after `started`),
+    from the moment of the preemption: the log is followed as it is written."""
+    while not stop.is_set():
+        text = log_path.read_text() if log_path.is_file() else ""
+        for name, task in PREEMPT_MARKS.items():
+            if name not in seen and f": {task}]" in text:
+                seen[name] = round(time.monotonic() - started, 1)
+        stop.wait(0.5)
+
+
+def preemption(results: Results, reps: int, logs: Path, keep: bool = False) -> None:
+    """A spot VM preempted mid-training, with its termination action STOP (started again) or
+    DELETE (created again: a fresh disk set up, its checkpoint part from the bucket): train.yml
+    from an empty project (gcp_vms_count 2, the stand-in job, llamafactory_output_uri in the
+    box's bucket, gcp_instances_restart_stopped, when_done delete), rank 1's VM preempted once a
+    checkpoint is complete in the bucket. Seconds from the preemption until the restart named
+    the cause, the VM was back, the relaunch was decided, and rank 0 logged a step again."""
+    _become_subreaper()
+    definition = vms_definition()
+    say(f"cluster {VMS_CLUSTER}: an empty project, with the stand-in image and a bucket")
+    state = cluster.up(definition)
+    client = cluster.client()
+    found = registry.start(definition, client, cluster.cache_dir())
+    local = train_image.ensure_standin_image(client, cluster.cache_dir())
+    image = registry.push(client, found, local, STANDIN_REPOSITORY)
+    pull_vars = registry.pull_vars(found, image)
+    gce = box_api.Box(state["gce"])
+    storage = box_api.Storage(state["gcs"])
+    uri = f"gs://{state['gcs']['bucket']}/preempt"
+
+    def once(variant: str, rep: int) -> dict:
+        action = PREEMPT_VARIANTS[variant]
+        prefix, job = f"bp{action}", f"preempt-{action}-{rep}"
+        label = f"preemption {action} {rep}"
+        log_path = logs / f"{slug(label)}.log"
+        variables = {
+            "llamafactory_job": job,
+            "llamafactory_image": image,
+            "preflight_smoke_test": False,  # the stand-in image has no torch
+            "llamafactory_train_overrides": PREEMPT_STEPS,
+            "llamafactory_output_uri": uri,
+            "gcs_outputs_interval_s": 2,
+            "gcp_vms_count": 2,
+            "gcp_vms_prefix": prefix,
+            "gcp_vms_machine_type": VMS_MACHINE,
+            "gcp_vms_provisioning_model": "spot",
+            "gcp_vms_termination_action": action,
+            "gcp_instances_restart_stopped": True,
+            "gcp_instances_when_done": "delete",
+            "launch_max_restarts": 1,
+            "launch_peer_timeout": 30,
+        }
+        command = ["ansible-playbook", "playbooks/train.yml", "-i", state["gcp_inventory"]]
+        command += ["-e", f"@{pull_vars}", "-e", json.dumps(variables)]
+        outcome: dict = {}
+
+        def run():
+            try:
+                outcome["result"] = run_logged(
+                    command, log_path, label, 1800, env=state["gce"]["env"]
+                )
+            except BenchError as exc:
+                outcome["error"] = exc
+
+        settle(threshold=0.5, quiet_s=5, max_s=30)
+        thread = threading.Thread(target=run)
+        thread.start()
+        rank0 = {"container": f"{definition.prefix()}-{prefix}-0"}
+        checkpoints = f"preempt/{job}/checkpoints/"
+        _wait(
+            lambda: (
+                not thread.is_alive()
+                or any(n.endswith("/COMPLETE.json") for n in storage.objects(checkpoints))
+            ),
+            1200,
+            f"{label}: the first checkpoint complete in the bucket",
+        )
+        if not thread.is_alive():
+            raise BenchError(f"{label} ended before its first checkpoint: {outcome}")
+        first_start = (_job_container(rank0, job) or {})["State"]["StartedAt"]
+        zone = next(
+            i["zone"].rsplit("/", 1)[-1]
+            for scope in gce.call("GET", f"{gce.project_url}/aggregated/instances")
+            .get("items", {})
+            .values()
+            for i in scope.get("instances", [])
+            if i["name"] == f"{prefix}-1"
+        )
+        seen: dict = {}
+        stop = threading.Event()
+        started = time.monotonic()
+        gce.fake("preempt", {"project": definition.project, "zone": zone, "name": f"{prefix}-1"})
+        watcher = threading.Thread(target=_marks_seen, args=(log_path, started, seen, stop))
+        watcher.start()
+        try:
+            _wait(
+                lambda: (
+                    not thread.is_alive()
+                    or not (_job_container(rank0, job) or {}).get("State", {}).get("Running")
+                ),
+                600,
+                f"{label}: rank 0 stopped",
+            )
+            before = len(_steps(rank0, job))
+
+            def training_again():
+                now = (_job_container(rank0, job) or {}).get("State", {})
+                return now.get("StartedAt") != first_start and len(_steps(rank0, job)) > before
+
+            _wait(lambda: not thread.is_alive() or training_again(), 1200, f"{label}: training")
+            seen["training again"] = round(time.monotonic() - started, 1)
+            thread.join(1800)
+        finally:
+            stop.set()
+            watcher.join()
+        result = outcome.get("result") or {}
+        if result.get("rc") != 0:
+            raise BenchError(
+                f"{label}: rc {result.get('rc')} {outcome.get('error', '')}: "
+                f"{result.get('output', '')[-1500:]}"
+            )
+        missing = [name for name in (*PREEMPT_MARKS, "training again") if name not in seen]
+        if missing:
+            raise BenchError(f"{label}: not seen in its log: {missing} (log: {log_path})")
+        figures = {f"{name} (s)": seen[name] for name in (*PREEMPT_MARKS, "training again")}
+        lost = re.search(r"(\d+) steps lost", result["output"])
+        figures["steps lost"] = int(lost.group(1)) if lost else None
+        figures["train.yml (s)"] = round(result["seconds"], 1)
+        say(f"{label}: {figures}")
+        return figures
+
+    try:
+        for rep in range(1, reps + 1):
+            order = list(PREEMPT_VARIANTS) if rep % 2 else list(reversed(PREEMPT_VARIANTS))
+            for variant in order:
+                if results.has("preemption", "training again (s)", variant, rep):
+                    continue
+                figures = once(variant, rep)
+                results.add_many(
+                    [("preemption", name, variant, rep, {"value": value})
+                     for name, value in figures.items() if value is not None]
+                )  # fmt: skip
+    finally:
+        gce.close()
+        storage.close()
+        if not keep:
+            cluster.down(definition)

@@ -2,6 +2,8 @@
 task profile read from profile_tasks' recap and its table."""
 
 import json
+import threading
+import time
 from pathlib import Path
 
 import pytest
@@ -405,3 +407,32 @@ def test_the_vms_counts_are_the_floor_2_8_and_the_largest():
     assert runs.vms_counts(32) == runs.VMS_COUNTS == (1, 2, 8, 32)
     assert runs.vms_counts(16) == (1, 2, 8, 16)
     assert runs.vms_counts(4) == (1, 2, 4)
+
+
+def test_the_preemption_marks_are_timed_as_the_log_shows_them(tmp_path):
+    """Each restart step's task banner is timed when it first appears in the followed log."""
+    log = tmp_path / "run.log"
+    log.write_text("TASK [hostnet.llamafactory.launch : Wait and judge] ***\n")
+    seen: dict = {}
+    stop = threading.Event()
+    started = time.monotonic()
+    watcher = threading.Thread(target=runs._marks_seen, args=(log, started, seen, stop))
+    watcher.start()
+    try:
+        time.sleep(1.2)
+        assert seen == {}
+        banner = "TASK [hostnet.llamafactory.gcp_instances : {}] ***\n"
+        with log.open("a") as handle:
+            handle.write(banner.format(runs.PREEMPT_MARKS["cause named"]))
+        time.sleep(1.2)
+        with log.open("a") as handle:
+            handle.write(banner.format(runs.PREEMPT_MARKS["VM back"]))
+            handle.write(banner.format(runs.PREEMPT_MARKS["relaunch decided"]))
+        deadline = time.monotonic() + 10
+        while len(seen) < 3 and time.monotonic() < deadline:
+            time.sleep(0.1)
+    finally:
+        stop.set()
+        watcher.join()
+    assert list(seen) == ["cause named", "VM back", "relaunch decided"]
+    assert 1.0 <= seen["cause named"] < seen["VM back"] == seen["relaunch decided"]
