@@ -1717,7 +1717,7 @@ def _marks_seen(log_path: Path, started: float, seen: dict, stop: threading.Even
     while not stop.is_set():
         text = log_path.read_text() if log_path.is_file() else ""
         for name, task in PREEMPT_MARKS.items():
-            if name not in seen and f": {task}]" in text:
+            if name not in seen and f"{task}]" in text:  # a role's task, or an include
                 seen[name] = round(time.monotonic() - started, 1)
         stop.wait(0.5)
 
