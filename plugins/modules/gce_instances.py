@@ -189,6 +189,9 @@ notes:
     compute.regions.get, compute.resourcePolicies.create/.get/.delete (with a placement), and
     iam.serviceAccounts.actAs on the VMs' service account (roles/compute.instanceAdmin.v1 and
     roles/iam.serviceAccountUser).
+  - A request that meets a connection error is sent again (5 tries, pausing 1, 2, 4, 8 s); each
+    write carries its own C(requestId), which Compute Engine uses to ignore a request it has
+    already seen, so a retried insert never creates a second VM.
 requirements:
   - requests
   - google-auth
@@ -257,6 +260,7 @@ started:
 """
 
 import time
+import uuid
 
 try:
     import requests
@@ -269,7 +273,7 @@ from ansible_collections.google.cloud.plugins.module_utils.gcp_utils import (
 )
 from ansible_collections.hostnet.llamafactory.plugins.module_utils import _gce_instances as grp
 
-GET_ATTEMPTS = 5
+ATTEMPTS = 5  # of a request that meets a connection error
 
 
 class ApiRefused(Exception):
@@ -308,25 +312,29 @@ class Group(object):
             )
         return body
 
-    def read(self, url, params=None):
-        """GET, tried again on a connection error (a read is safe to repeat; the API or the
-        network between may drop one request of the many a poll makes)."""
-        for attempt in range(GET_ATTEMPTS):
+    def send(self, method, url, params=None, body=None):
+        """One request, tried again on a connection error (the API or the network between may
+        drop one of the many a group's creation makes): a read is safe to repeat, and a write
+        carries a requestId, which GCE uses to ignore a request it has seen, answering with the
+        first one's operation - a retried insert never creates a second VM. GcpSession's own
+        headers and token; its full_* methods cannot report such an error."""
+        if method != "GET":
+            params = dict(params or {}, requestId=str(uuid.uuid4()))
+        for attempt in range(ATTEMPTS):
             try:
-                # GcpSession's own headers and token; its full_get cannot report such an error.
-                return self.session.session().get(
-                    url, params=params, headers=self.session._set_headers(None)
+                return self.session.session().request(
+                    method, url, params=params, json=body, headers=self.session._set_headers(None)
                 )
             except requests.exceptions.RequestException as exc:
-                if attempt == GET_ATTEMPTS - 1:
+                if attempt == ATTEMPTS - 1:
                     self.module.fail_json(
-                        msg="reading %s failed %d times: %s"
-                        % (url, GET_ATTEMPTS, type(exc).__name__)
+                        msg="%s %s failed %d times: %s"
+                        % (method, url, ATTEMPTS, type(exc).__name__)
                     )
                 time.sleep(min(30, 2**attempt))
 
     def get(self, path, doing):
-        response = self.read(self.url(path))
+        response = self.send("GET", self.url(path))
         if response.status_code == 404:
             return None
         return self.answer(response, doing)
@@ -351,7 +359,7 @@ class Group(object):
                 )
             time.sleep(self.poll)
             for name, operation in list(pending.items()):
-                response = self.read(operation["selfLink"])
+                response = self.send("GET", operation["selfLink"])
                 pending[name] = self.answer(response, "reading operation %s" % name)
         return errors
 
@@ -362,7 +370,7 @@ class Group(object):
         while True:
             if token:
                 query["pageToken"] = token
-            response = self.read(self.url("aggregated/instances"), params=query)
+            response = self.send("GET", self.url("aggregated/instances"), params=query)
             body = self.answer(response, "listing the group's instances")
             for scoped in (body.get("items") or {}).values():
                 found.extend(scoped.get("instances") or [])
@@ -410,8 +418,8 @@ class Group(object):
         if stopped and not self.module.check_mode:
             operations = []
             for name in stopped:
-                response = self.session.full_post(
-                    self.url("zones/%s/instances/%s/start" % (zone, name)), json={}
+                response = self.send(
+                    "POST", self.url("zones/%s/instances/%s/start" % (zone, name)), body={}
                 )
                 operations.append(self.answer(response, "starting %s" % name))
             errors = self.wait(operations, "starting the group's stopped VMs")
@@ -519,8 +527,8 @@ class Group(object):
         path = "regions/%s/resourcePolicies/%s" % (region, name)
         if self.get(path, "reading the placement policy") is None:
             body = grp.placement_policy_body(name, self.params["count"])
-            response = self.session.full_post(
-                self.url("regions/%s/resourcePolicies" % region), json=body
+            response = self.send(
+                "POST", self.url("regions/%s/resourcePolicies" % region), body=body
             )
             operation = self.answer(response, "creating the placement policy %s" % name)
             errors = self.wait([operation], "creating the placement policy")
@@ -538,7 +546,7 @@ class Group(object):
         for name in names:
             rank = grp.rank_of(params["prefix"], name)
             body = grp.instance_body(params, name, rank, zone, has_gpus, policy)
-            response = self.session.full_post(self.url("zones/%s/instances" % zone), json=body)
+            response = self.send("POST", self.url("zones/%s/instances" % zone), body=body)
             try:
                 operation = self.answer(response, "creating %s in %s" % (name, zone))
             except ApiRefused as refused:
@@ -605,7 +613,7 @@ class Group(object):
     def delete(self, zone, names):
         operations = []
         for name in names:
-            response = self.session.full_delete(self.url("zones/%s/instances/%s" % (zone, name)))
+            response = self.send("DELETE", self.url("zones/%s/instances/%s" % (zone, name)))
             if response.status_code == 404:
                 continue
             operations.append(self.answer(response, "deleting %s" % name))
@@ -631,7 +639,7 @@ class Group(object):
             for zone, names in sorted(by_zone.items()):
                 self.delete(zone, names)
             for path in policies:
-                response = self.session.full_delete(self.url(path))
+                response = self.send("DELETE", self.url(path))
                 if response.status_code != 404:
                     operation = self.answer(response, "deleting %s" % path)
                     self.wait([operation], "deleting the placement policy")

@@ -203,6 +203,7 @@ import ssl
 import sys
 import threading
 import time
+import uuid
 from datetime import UTC, datetime
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
@@ -357,6 +358,7 @@ class Compute:
             self.instances = {}  # (project, zone, name) -> resource
             self.page_size = None
             self.operations = {}  # (project, name) -> [operation, done_at or None, apply]
+            self.request_ids = {}  # (path, requestId) -> (project, operation name)
             self.deny = set()
             self.operation_seconds = 0.0
             self.start_capacity_errors = 0
@@ -406,9 +408,30 @@ class Compute:
                 message = "Request had invalid authentication credentials."
                 return 401, ApiError(401, "authError", message, "UNAUTHENTICATED").body()
             try:
-                return 200, self._route(method, path, query, body)
+                request_id = self._request_id(method, query)
+                known = self.request_ids.get((path, request_id)) if request_id else None
+                if known in self.operations:  # a retried write: the first one's operation
+                    return 200, copy.deepcopy(self.operations[known][0])
+                answer = self._route(method, path, query, body)
+                if request_id and answer.get("kind") == "compute#operation":
+                    project = path.split("/")[4]
+                    self.request_ids[(path, request_id)] = (project, answer["name"])
+                return 200, answer
             except ApiError as error:
                 return error.code, error.body()
+
+    @staticmethod
+    def _request_id(method, query):
+        """A write's requestId (a UUID, as GCE requires; GCE ignores a request whose ID it has
+        seen and answers with the first one's operation), or None."""
+        values = query.get("requestId") if method in ("POST", "PATCH", "DELETE") else None
+        if not values:
+            return None
+        try:
+            uuid.UUID(values[0])
+        except ValueError:
+            raise invalid("requestId", values[0], "Must be a valid UUID.") from None
+        return values[0]
 
     def _authorized(self, header):
         token = header.removeprefix("Bearer ")
@@ -1819,6 +1842,9 @@ def parse_instance_filter(expression):
 
 class Server(ThreadingHTTPServer):
     daemon_threads = True
+    # Many clients at once (every fork's inventory, a module's polls, 32 VMs' setup): the
+    # socketserver default of 5 pending connections refuses some under load, which GCE never does.
+    request_queue_size = 128
 
     def __init__(self, state_dir, token=None, idle=900.0, backend=None):
         import trustme

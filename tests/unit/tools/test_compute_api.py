@@ -193,7 +193,8 @@ def test_query_parameter_the_method_does_not_take_is_refused(fake):
     # The method's own and the standard ones are taken.
     params = {"filter": 'name = "x"', "maxResults": "5", "alt": "json", "prettyPrint": "false"}
     assert session.get(f"{BASE}/firewalls", params=params).status_code == 200
-    assert session.delete(f"{BASE}/firewalls/r1", params={"requestId": "a"}).status_code == 404
+    request_id = {"requestId": "4f9a3c1e-8d2b-4b7a-9e51-2c6d0f8a7b13"}
+    assert session.delete(f"{BASE}/firewalls/r1", params=request_id).status_code == 404
 
 
 def test_ingress_without_sources_is_open_to_the_world(fake):
@@ -719,6 +720,24 @@ def created(session, body, zone=ZONE_A):
 
 def usage(session, region=REGION):
     return {q["metric"]: q["usage"] for q in session.get(region).json()["quotas"]}
+
+
+def test_a_write_sent_again_with_its_request_id_is_answered_with_the_first_operation(fake):
+    """A client that lost the answer to an insert (a dropped connection) sends it again with the
+    same requestId: GCE acts once and answers with the first operation."""
+    _server, session = fake
+    request_id = {"requestId": "9b2f6e4a-1c3d-4e5f-8a7b-0c1d2e3f4a5b"}
+    first = session.post(f"{ZONE_A}/instances", params=request_id, json=gpu_vm("r0")).json()
+    again = session.post(f"{ZONE_A}/instances", params=request_id, json=gpu_vm("r0"))
+    assert again.status_code == 200 and again.json()["name"] == first["name"]
+    assert "error" not in zonal_done(session, first)
+    listed = session.get(f"{ZONE_A}/instances").json()["items"]
+    assert [i["name"] for i in listed].count("r0") == 1
+    # Another requestId is another request: the name is taken.
+    other = {"requestId": "0d1e2f3a-4b5c-4d6e-8f7a-9b0c1d2e3f4a"}
+    assert session.post(f"{ZONE_A}/instances", params=other, json=gpu_vm("r0")).status_code == 409
+    bad = session.post(f"{ZONE_A}/instances", params={"requestId": "x1"}, json=gpu_vm("r1"))
+    assert error(bad)[3] == "Invalid value for field 'requestId': 'x1'. Must be a valid UUID."
 
 
 def test_an_inserted_instance_is_answered_as_gce_answers_it(fake):
