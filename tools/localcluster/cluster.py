@@ -599,9 +599,12 @@ def write_hosts(spec: ClusterSpec, vm: VM, container) -> None:
     # external address, which can drop the line the metadata unit added at boot.
     metadata = f"{gce_metadata.ADDRESS} {' '.join(gce_metadata.HOSTNAMES)}"
     storage = f"{spec.networks['vpc'].gateway} {gcs_service.ENDPOINT.split('//')[1]}"
+    # One writer at a time per VM (inserts run in parallel, each rewriting every VM's file): a
+    # reader of a file another writer just truncated would keep nothing.
     _exec(
         container,
-        'kept=$(grep -v "\\s$VM_NAME$" /etc/hosts | grep -v "storage.googleapis.com"); '
+        "exec 9>/run/hlf-hosts.lock; flock 9; "
+        'kept=$(grep -v "\\s$VM_NAME$" /etc/hosts | grep -v "storage.googleapis.com" || true); '
         'printf "%s\\n%s" "$kept" "$HOSTS" > /etc/hosts; '
         'grep -q "metadata.google.internal" /etc/hosts || echo "$METADATA" >> /etc/hosts; '
         'echo "$STORAGE" >> /etc/hosts',
