@@ -15,7 +15,10 @@ from __future__ import absolute_import, division, print_function
 
 __metaclass__ = type
 
-from ansible_collections.hostnet.llamafactory.plugins.module_utils import _gce_instance
+from ansible_collections.hostnet.llamafactory.plugins.module_utils import (
+    _gce_instance,
+    _network_profile,
+)
 
 API = _gce_instance.API
 
@@ -138,6 +141,36 @@ def zone_failure(errors):
     if any(code in QUOTA_ERRORS for code in codes):
         return "quota"
     return None
+
+
+def gpu_networks_problem(machine_type, gpu_networks):
+    """Why `gpu_networks` cannot serve `machine_type`, or None: a machine type with GPU NICs
+    (the network profiles' table) needs one network per NIC besides nic0 - its second gVNIC
+    where it has one, then every GPU NIC - and no other type takes any."""
+    types = _network_profile.MACHINE_TYPES
+    given = len(gpu_networks or [])
+    if machine_type not in types:
+        if not given:
+            return None
+        only = ", ".join(sorted(types))
+        return "gpu_networks lists %d networks but %s has no GPU NICs (only %s have them): %s" % (
+            given,
+            machine_type,
+            only,
+            "leave it empty",
+        )
+    gvnics = len(types[machine_type]["control_nics"]) - 1
+    gpu_nics = len(types[machine_type]["gpu_nic_names"])
+    if given == gvnics + gpu_nics:
+        return None
+    return "gpu_networks lists %d networks but %s has %d NICs besides nic0 (%s%d GPU NICs): %s" % (
+        given,
+        machine_type,
+        gvnics + gpu_nics,
+        "its second gVNIC, then " if gvnics else "",
+        gpu_nics,
+        "list the network of each, in that order",
+    )
 
 
 def scheduling(provisioning_model, termination_action, has_gpus):

@@ -706,6 +706,12 @@ def main():
     )
     if not module.params["zones"]:
         module.fail_json(msg="zones is empty: name at least one zone")
+    if module.params["state"] == "present":
+        problem = grp.gpu_networks_problem(
+            module.params["machine_type"], module.params["gpu_networks"]
+        )
+        if problem:
+            module.fail_json(msg=problem)
     group = Group(module)
     try:
         if module.params["state"] == "absent":

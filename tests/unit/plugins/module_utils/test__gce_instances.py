@@ -123,3 +123,21 @@ def test_the_group_as_found():
     spot = dict(vm("trainer-0"), scheduling={"provisioningModel": "SPOT"})
     found = grp.group_as_found([spot, vm("trainer-1")], "trainer", 2, "g2-standard-8", "spot")
     assert found["mismatched"] == ["trainer-1 is STANDARD"]
+
+
+def test_gpu_networks_must_match_the_machine_types_nics():
+    net = {"network": "gpu-0"}
+    assert grp.gpu_networks_problem("g2-standard-8", []) is None
+    assert grp.gpu_networks_problem("a3-highgpu-8g", [net] * 4) is None
+    assert grp.gpu_networks_problem("a3-megagpu-8g", [net] * 8) is None
+    assert grp.gpu_networks_problem("a3-ultragpu-8g", [net] * 9) is None  # second gVNIC + 8
+    assert grp.gpu_networks_problem("a3-ultragpu-8g", [net] * 8) == (
+        "gpu_networks lists 8 networks but a3-ultragpu-8g has 9 NICs besides nic0 (its second "
+        "gVNIC, then 8 GPU NICs): list the network of each, in that order"
+    )
+    assert grp.gpu_networks_problem("a3-megagpu-8g", []).startswith(
+        "gpu_networks lists 0 networks but a3-megagpu-8g has 8 NICs besides nic0 (8 GPU NICs)"
+    )
+    assert "g2-standard-8 has no GPU NICs (only a3-highgpu-8g, " in grp.gpu_networks_problem(
+        "g2-standard-8", [net]
+    )

@@ -153,6 +153,15 @@ def test_a_compact_placement_policy_holds_the_group_and_goes_with_it(fake):
     assert run(fake, state="absent", prefix="trainer", zones=ZONES)["changed"] is False
 
 
+def test_gpu_nics_without_their_networks_are_refused_before_any_api_call(fake):
+    info, session = fake
+    result = run(fake, **dict(GROUP, machine_type="a3-megagpu-8g"))
+    assert result["failed"] and result["msg"].startswith(
+        "gpu_networks lists 0 networks but a3-megagpu-8g has 8 NICs besides nic0"
+    )
+    assert [e for e in session.get(f"{info['control']}/requests").json() if e.get("path")] == []
+
+
 class Refused(Exception):
     pass
 
