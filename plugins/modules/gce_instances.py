@@ -252,8 +252,9 @@ deleted:
   returned: always
   type: list
   elements: str
-started:
-  description: Stopped VMs of the group that were started.
+started_vms:
+  description: Stopped VMs of the group that were started (not C(started), which Ansible's async
+    protocol reserves).
   returned: always
   type: list
   elements: str
@@ -400,7 +401,7 @@ class Group(object):
                 "delete it (playbooks/down.yml) and create it again"
                 % (prefix, ", ".join(found["zones"]))
             )
-        result = {"created": [], "deleted": [], "started": [], "zones_tried": []}
+        result = {"created": [], "deleted": [], "started_vms": [], "zones_tried": []}
         if found["extra"]:
             self.module.warn(
                 "VMs of the group beyond its %d ranks are left alone: %s"
@@ -426,13 +427,13 @@ class Group(object):
             failed = ["%s" % e for e in errors.values() if e]
             if failed:
                 self.module.fail_json(msg="starting %s failed: %s" % (", ".join(stopped), failed))
-        result["started"] = stopped
+        result["started_vms"] = stopped
         instances = []
         if not self.module.check_mode and zone:
             instances = self.settle(zone, grp.vm_names(prefix, count))
         elif zone:
             instances = [grp.summary(i) for _n, i in sorted(found["present"].items())]
-        changed = bool(result["created"] or result["started"])
+        changed = bool(result["created"] or result["started_vms"])
         self.module.exit_json(changed=changed, zone=zone or "", instances=instances, **result)
 
     def create(self, names, zones, result):
@@ -648,7 +649,7 @@ class Group(object):
             zone="",
             instances=[],
             created=[],
-            started=[],
+            started_vms=[],
             deleted=deleted,
             zones_tried=[],
             placement_policies_deleted=[grp.short(p) for p in policies],

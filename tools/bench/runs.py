@@ -1552,9 +1552,10 @@ VMS_CLUSTER = "benchvms"
 VMS_COUNTS = (1, 2, 8, 32)  # 1: one VM's creation alone, the floor (the inserts run in parallel)
 VMS_MACHINE = "n2-standard-4"
 # The two steps of up.yml, as profile_tasks names their tasks: the module's creation (its
-# quota check, the inserts and the wait for every VM to run) and the wait for every VM's SSH.
+# quota check, the inserts and the wait for every VM to run; started in the background, then
+# awaited) and the wait for every VM's SSH.
 VMS_STEPS = {
-    "create task (s)": "Create the VMs, or find them created",
+    "create task (s)": "Create the VMs",
     "SSH wait (s)": "Wait for the VM's SSH",
 }
 VMS_WHOLE = "up.yml (s)"
