@@ -155,7 +155,8 @@ def test_a_compact_placement_policy_holds_the_group_and_goes_with_it(fake):
 
 def test_gpu_nics_without_their_networks_are_refused_before_any_api_call(fake):
     info, session = fake
-    result = run(fake, **dict(GROUP, machine_type="a3-megagpu-8g"))
+    a3_mega = {**GROUP, "machine_type": "a3-megagpu-8g"}
+    result = run(fake, **a3_mega)
     assert result["failed"] and result["msg"].startswith(
         "gpu_networks lists 0 networks but a3-megagpu-8g has 8 NICs besides nic0"
     )
