@@ -224,14 +224,7 @@ def test_a_stopped_vm_is_started_the_job_resumes_and_the_vms_stop_when_done(
     try:
         prefix = OUTPUTS["llamafactory_output_uri"].split("/", 3)[3] + f"/{job}/checkpoints/"
         complete = wait_until(
-            lambda: (
-                not thread.is_alive()
-                or sorted(
-                    int(name.split("checkpoint-")[1].split("/")[0])
-                    for name in bucket.objects(prefix)
-                    if name.endswith("/COMPLETE.json")
-                )
-            ),
+            lambda: not thread.is_alive() or bucket.complete_checkpoints(prefix),
             600,
             "the first checkpoint complete in the bucket",
         )

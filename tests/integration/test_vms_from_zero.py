@@ -76,12 +76,7 @@ def up(zero, tmp_path, **extra):
 
 def instances(zero):
     _definition, _state, gce, _storage, _pull = zero
-    listed = gce.call("GET", f"{gce.project_url}/aggregated/instances")
-    return {
-        i["name"]: i["zone"].rsplit("/", 1)[-1]
-        for scope in listed.get("items", {}).values()
-        for i in scope.get("instances", [])
-    }
+    return gce.instances()
 
 
 def test_quota_first_then_the_zone_with_room_and_a_rerun_changes_nothing(zero, tmp_path):
@@ -142,10 +137,7 @@ def test_a_spot_vm_deleted_by_preemption_is_created_again_and_the_job_resumes(ze
     thread.start()
     prefix = f"zero/{job}/checkpoints/"
     wait_until(
-        lambda: (
-            not thread.is_alive()
-            or any(name.endswith("/COMPLETE.json") for name in storage.objects(prefix))
-        ),
+        lambda: not thread.is_alive() or storage.complete_checkpoints(prefix),
         900,
         "the first checkpoint complete in the bucket",
     )

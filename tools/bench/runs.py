@@ -1645,12 +1645,7 @@ def vms(
     gce = box_api.Box(state["gce"])
 
     def instances() -> list[str]:
-        listed = gce.call("GET", f"{gce.project_url}/aggregated/instances")
-        return [
-            i["name"]
-            for scope in listed.get("items", {}).values()
-            for i in scope.get("instances", [])
-        ]
+        return list(gce.instances())
 
     def down(label: str) -> float:
         command = [
@@ -1783,24 +1778,14 @@ def preemption(results: Results, reps: int, logs: Path, keep: bool = False) -> N
         rank0 = {"container": f"{definition.prefix()}-{prefix}-0"}
         checkpoints = f"preempt/{job}/checkpoints/"
         _wait(
-            lambda: (
-                not thread.is_alive()
-                or any(n.endswith("/COMPLETE.json") for n in storage.objects(checkpoints))
-            ),
+            lambda: not thread.is_alive() or storage.complete_checkpoints(checkpoints),
             1200,
             f"{label}: the first checkpoint complete in the bucket",
         )
         if not thread.is_alive():
             raise BenchError(f"{label} ended before its first checkpoint: {outcome}")
         first_start = (_job_container(rank0, job) or {})["State"]["StartedAt"]
-        zone = next(
-            i["zone"].rsplit("/", 1)[-1]
-            for scope in gce.call("GET", f"{gce.project_url}/aggregated/instances")
-            .get("items", {})
-            .values()
-            for i in scope.get("instances", [])
-            if i["name"] == f"{prefix}-1"
-        )
+        zone = gce.instances()[f"{prefix}-1"]
         seen: dict = {}
         stop = threading.Event()
         started = time.monotonic()

@@ -91,6 +91,15 @@ class Box:
     def instance(self, name: str) -> dict:
         return self.call("GET", f"{self.zone_url}/instances/{name}")
 
+    def instances(self) -> dict[str, str]:
+        """Every VM of the project, in any zone (aggregatedList): {name: zone}."""
+        listed = self.call("GET", f"{self.project_url}/aggregated/instances")
+        return {
+            i["name"]: i["zone"].rsplit("/", 1)[-1]
+            for scope in listed.get("items", {}).values()
+            for i in scope.get("instances", [])
+        }
+
     # -- firewall rules -------------------------------------------------------------------------
 
     def rules(self) -> dict[str, dict]:
@@ -152,6 +161,15 @@ class Storage:
             blob.name: {"size": blob.size, "crc32c": blob.crc32c, "md5": blob.md5_hash}
             for blob in self.client.list_blobs(bucket or self.bucket, prefix=prefix)
         }
+
+    def complete_checkpoints(self, prefix: str) -> list[int]:
+        """The steps of the checkpoints under `prefix` (a job's checkpoints/ folder) that the
+        nodes' sync marked complete (checkpoint-N/COMPLETE.json), ascending."""
+        return sorted(
+            int(name.split("checkpoint-")[1].split("/")[0])
+            for name in self.objects(prefix)
+            if name.endswith("/COMPLETE.json")
+        )
 
     def read(self, name: str, bucket: str | None = None) -> bytes:
         """An object's bytes (checked against its crc32c by the client)."""
