@@ -152,24 +152,18 @@ def gpu_networks_problem(machine_type, gpu_networks):
     if machine_type not in types:
         if not given:
             return None
-        only = ", ".join(sorted(types))
-        return "gpu_networks lists %d networks but %s has no GPU NICs (only %s have them): %s" % (
-            given,
-            machine_type,
-            only,
-            "leave it empty",
+        return (
+            "gpu_networks lists %d networks but %s has no GPU NICs (only %s have them): leave it "
+            "empty" % (given, machine_type, ", ".join(sorted(types)))
         )
     gvnics = len(types[machine_type]["control_nics"]) - 1
     gpu_nics = len(types[machine_type]["gpu_nic_names"])
     if given == gvnics + gpu_nics:
         return None
-    return "gpu_networks lists %d networks but %s has %d NICs besides nic0 (%s%d GPU NICs): %s" % (
-        given,
-        machine_type,
-        gvnics + gpu_nics,
-        "its second gVNIC, then " if gvnics else "",
-        gpu_nics,
-        "list the network of each, in that order",
+    nics = ("its second gVNIC, then " if gvnics else "") + "%d GPU NICs" % gpu_nics
+    return (
+        "gpu_networks lists %d networks but %s has %d NICs besides nic0 (%s): list the network "
+        "of each, in that order" % (given, machine_type, gvnics + gpu_nics, nics)
     )
 
 
