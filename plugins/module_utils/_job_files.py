@@ -9,6 +9,8 @@ from __future__ import absolute_import, division, print_function
 
 __metaclass__ = type
 
+import base64
+import binascii
 import grp
 import os
 import pwd
@@ -21,6 +23,19 @@ def ids(owner, group):
     uid = int(owner) if owner.isdigit() else pwd.getpwnam(owner).pw_uid
     gid = int(group) if group.isdigit() else grp.getgrnam(group).gr_gid
     return uid, gid
+
+
+def data(entry):
+    """A file entry's bytes: its content as UTF-8, or its content_base64 decoded (ValueError
+    when that is not base64); None for a folder."""
+    if entry.get("state", "file") != "file":
+        return None
+    if entry.get("content_base64") is not None:
+        try:
+            return base64.b64decode(entry["content_base64"], validate=True)
+        except (binascii.Error, TypeError) as exc:
+            raise ValueError(str(exc)) from exc
+    return entry["content"].encode("utf-8")
 
 
 def needs(entry, uid, gid):
@@ -39,7 +54,7 @@ def needs(entry, uid, gid):
     changes = []
     if entry["state"] == "file":
         with open(path, "rb") as handle:
-            if handle.read() != entry["content"].encode("utf-8"):
+            if handle.read() != _bytes(entry):
                 changes.append("content")
     if (st.st_uid, st.st_gid) != (uid, gid):
         changes.append("owner")
@@ -61,7 +76,7 @@ def apply(entry, changes, uid, gid):
             os.fchown(handle, uid, gid)
             os.fchmod(handle, mode)
             with os.fdopen(handle, "wb") as out:
-                out.write(entry["content"].encode("utf-8"))
+                out.write(_bytes(entry))
             os.rename(temporary, path)
         except BaseException:
             if os.path.exists(temporary):
@@ -72,3 +87,7 @@ def apply(entry, changes, uid, gid):
         os.chown(path, uid, gid)
     if "create" in changes or "mode" in changes:
         os.chmod(path, mode)
+
+
+def _bytes(entry):
+    return entry["data"] if entry.get("data") is not None else data(entry)

@@ -16,7 +16,8 @@ description:
     O(owner), O(group) and the entry's mode, in order; changes only what differs. A file is
     written whole (a temporary file with its owner and mode set first, renamed over the old one).
   - Why not M(ansible.builtin.file) and M(ansible.builtin.copy) - they take one round trip per
-    folder and two or three per file; a launch writes five folders and four or five files on
+    folder and two or three per file (the small files a job's config names, its dataset and a
+    small model, come in the same call); a launch writes five folders and four or five files on
     every node, which on 32 nodes with Ansible's default forks is most of the launch's time
     (docs/benchmarks.md). Secrets stay with M(ansible.builtin.copy) and C(no_log).
 author:
@@ -38,7 +39,11 @@ options:
         choices: [directory, file]
         default: file
       content:
-        description: The file's text (C(state=file)).
+        description: The file's text (C(state=file)); or O(entries[].content_base64).
+        type: str
+      content_base64:
+        description: The file's bytes, base64-encoded (C(state=file)), for files that are not
+          text (a model's weights, copied with the job when small).
         type: str
       mode:
         description: Octal mode, as a string (C("0640")).
@@ -102,6 +107,7 @@ def main():
                     path=dict(type="path", required=True),
                     state=dict(type="str", choices=["directory", "file"], default="file"),
                     content=dict(type="str"),
+                    content_base64=dict(type="str"),
                     mode=dict(type="str", required=True),
                     json=dict(type="bool", default=False),
                 ),
@@ -117,8 +123,16 @@ def main():
     except KeyError as exc:
         module.fail_json(msg="no such owner or group on this node: %s" % exc)
     for entry in params["entries"]:
-        if entry["state"] == "file" and entry["content"] is None:
-            module.fail_json(msg="%s: a file needs content" % entry["path"])
+        if entry["state"] == "file" and (entry["content"] is None) == (
+            entry["content_base64"] is None
+        ):
+            module.fail_json(
+                msg="%s: a file needs content or content_base64, one of them" % entry["path"]
+            )
+        try:
+            entry["data"] = files.data(entry)
+        except ValueError as exc:
+            module.fail_json(msg="%s: content_base64 is not base64 (%s)" % (entry["path"], exc))
         try:
             int(entry["mode"], 8)
         except ValueError:

@@ -87,7 +87,8 @@ plan:
       (host to node rank), master (the host of rank 0), nproc (processes per node), platform,
       gpus_per_node (host to GPU count).
     - For O(purpose=train) also config (the training config every node gets), copies (key,
-      src, dest, directory of each file to copy), digest, notes and warnings (also the task's
+      src, dest, directory, and inline - small enough to go inside the launch's one
+      file-writing call - of each file to copy), digest, notes and warnings (also the task's
       warnings; a ddp_timeout above llamafactory_collective_timeout_max is lowered to it).
   type: dict
   sample:
@@ -110,6 +111,7 @@ plan:
         src: /home/me/job/ds_z3_config.json
         dest: /var/lib/llamafactory/jobs/demo/deepspeed.json
         directory: false
+        inline: true
     digest: 3aa9f3ce4201677a
     notes:
       - output_dir saves/tiny becomes /var/lib/llamafactory/jobs/demo/output on every node

@@ -44,6 +44,10 @@ RANK_HF_HOME = "/root/.cache/huggingface"
 OTHER_HUBS = ("use_modelscope_hub", "use_openmind_hub")
 # Files up to this size are hashed by content; larger ones (model weights) by name and size.
 HASH_CONTENT_LIMIT = 64 * 1024 * 1024
+# Copies up to this size in all go to every node inside the launch's one file-writing call
+# (inline); larger ones, or trees with links, go by ansible.builtin.copy, several round trips
+# per file and node.
+INLINE_COPY_LIMIT = 16 * 1024 * 1024
 
 
 class PlanError(ValueError):
@@ -111,6 +115,12 @@ def plan(user_config, config_path, job_dir, overrides=None, shared=(), collectiv
         dest = "%s/%s" % (job_dir, name)
         copies.append({"key": key, "src": source, "dest": dest, "directory": os.path.isdir(source)})
         config[key] = dest
+    inline_left = INLINE_COPY_LIMIT
+    for copy in copies:
+        size = inline_size(copy["src"])
+        copy["inline"] = size is not None and size <= inline_left
+        if copy["inline"]:
+            inline_left -= size
     files, hub_offline = _hub_datasets(config, copies, job_dir, hub, notes)
     if config.get("output_dir") not in (None, "%s/output" % job_dir):
         notes.append(
@@ -246,6 +256,20 @@ def _check_json(path, key):
             json.load(handle)
     except ValueError as exc:
         raise PlanError("%s %s is not valid JSON: %s" % (key, path, exc)) from exc
+
+
+def inline_size(path):
+    """The bytes of a file or a folder's files, or None when the folder holds a link (such a
+    tree goes by ansible.builtin.copy, which follows links as it always did)."""
+    if os.path.isfile(path):
+        return os.path.getsize(path)
+    total = 0
+    for folder, dirs, files in os.walk(path):
+        for name in dirs + files:
+            if os.path.islink(os.path.join(folder, name)):
+                return None
+        total += sum(os.path.getsize(os.path.join(folder, name)) for name in files)
+    return total
 
 
 def tree_digest(path):

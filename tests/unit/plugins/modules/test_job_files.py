@@ -77,3 +77,15 @@ def test_needs_names_each_change(tmp_path):
     assert files.needs(entry, uid + 1, gid) == ["owner"]
     with pytest.raises(KeyError):
         files.ids("hostnet-no-such-user", GROUP)
+
+
+def test_bytes_from_base64_written_and_compared_as_bytes(tmp_path):
+    weights = tmp_path / "weights.bin"
+    entry = {"path": str(weights), "content_base64": "AP8Q", "mode": "0640"}
+    assert run(tmp_path, [entry])["changed"]
+    assert weights.read_bytes() == b"\x00\xff\x10"
+    assert not run(tmp_path, [entry])["changed"]
+    failed = run(tmp_path, [dict(entry, content_base64="not base64!")])
+    assert failed["failed"] and "content_base64 is not base64" in failed["msg"]
+    both = run(tmp_path, [dict(entry, content="x")])
+    assert both["failed"] and "one of them" in both["msg"]

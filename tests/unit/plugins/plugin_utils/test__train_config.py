@@ -54,13 +54,21 @@ def test_copies_and_rewritten_paths(project):
             "src": str(base / "model"),
             "dest": f"{JOB}/model",
             "directory": True,
+            "inline": True,
         },
-        {"key": "dataset_dir", "src": str(base / "data"), "dest": f"{JOB}/data", "directory": True},
+        {
+            "key": "dataset_dir",
+            "src": str(base / "data"),
+            "dest": f"{JOB}/data",
+            "directory": True,
+            "inline": True,
+        },
         {
             "key": "deepspeed",
             "src": str(base / "ds_z3.json"),
             "dest": f"{JOB}/deepspeed.json",
             "directory": False,
+            "inline": True,
         },
     ]
     rendered = result["config"]
@@ -236,6 +244,7 @@ def test_overrides_apply_before_the_paths_are_resolved(project, tmp_path_factory
         "src": str(elsewhere / "adapter"),
         "dest": f"{JOB}/adapter",
         "directory": True,
+        "inline": True,
     }
     assert "dataset_dir" not in copies
     assert result["config"]["adapter_name_or_path"] == f"{JOB}/adapter"
@@ -369,6 +378,7 @@ def test_the_local_demo_config():
         "src": str(demo / "ds_z3_config.json"),
         "dest": f"{JOB}/deepspeed.json",
         "directory": False,
+        "inline": True,
     }
     json.loads((demo / "ds_z3_config.json").read_text())
     rendered = result["config"]
@@ -425,3 +435,14 @@ def test_a_shared_mount_matches_whole_folders_only(project):
     assert result["config"]["dataset_dir"] == str(base / "data")  # /data/ matches, /dat does not
     result = plan(config, str(path), JOB, shared=[str(base / "dat")])
     assert result["config"]["dataset_dir"] == f"{JOB}/data"  # copied as before
+
+
+def test_copies_inline_up_to_the_limit_and_never_with_links(project, monkeypatch):
+    base, path, config = project
+    monkeypatch.setattr(train_config, "INLINE_COPY_LIMIT", 110)  # model 25 B, data 78, ds 35
+    inline = {c["key"]: c["inline"] for c in plan(config, str(path), JOB)["copies"]}
+    assert inline == {"model_name_or_path": True, "dataset_dir": True, "deepspeed": False}
+    monkeypatch.setattr(train_config, "INLINE_COPY_LIMIT", 10**6)
+    (base / "model" / "weights").symlink_to(base / "ds_z3.json")
+    inline = {c["key"]: c["inline"] for c in plan(config, str(path), JOB)["copies"]}
+    assert inline == {"model_name_or_path": False, "dataset_dir": True, "deepspeed": True}
