@@ -54,7 +54,7 @@ def needs(entry, uid, gid):
     changes = []
     if entry["state"] == "file":
         with open(path, "rb") as handle:
-            if handle.read() != _bytes(entry):
+            if handle.read() != data(entry):
                 changes.append("content")
     if (st.st_uid, st.st_gid) != (uid, gid):
         changes.append("owner")
@@ -76,7 +76,7 @@ def apply(entry, changes, uid, gid):
             os.fchown(handle, uid, gid)
             os.fchmod(handle, mode)
             with os.fdopen(handle, "wb") as out:
-                out.write(_bytes(entry))
+                out.write(data(entry))
             os.rename(temporary, path)
         except BaseException:
             if os.path.exists(temporary):
@@ -87,7 +87,3 @@ def apply(entry, changes, uid, gid):
         os.chown(path, uid, gid)
     if "create" in changes or "mode" in changes:
         os.chmod(path, mode)
-
-
-def _bytes(entry):
-    return entry["data"] if entry.get("data") is not None else data(entry)

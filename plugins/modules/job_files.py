@@ -130,7 +130,7 @@ def main():
                 msg="%s: a file needs content or content_base64, one of them" % entry["path"]
             )
         try:
-            entry["data"] = files.data(entry)
+            files.data(entry)  # checked here, before anything is written
         except ValueError as exc:
             module.fail_json(msg="%s: content_base64 is not base64 (%s)" % (entry["path"], exc))
         try:
