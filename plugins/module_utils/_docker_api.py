@@ -306,6 +306,10 @@ class DockerAPI(object):
         )
         return status == 204
 
+    def remove_container(self, name):
+        """DELETE /containers/NAME?force=1 (a running one is killed): False when it was gone."""
+        return self.delete("/containers/%s" % self._name(name), {"force": "1"})
+
     def list_containers(self, all_containers=True, labels=None):
         """GET /containers/json: the containers (all, or only running ones), those carrying
         every label of `labels` (a list of "key" or "key=value") when given."""

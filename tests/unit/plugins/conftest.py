@@ -118,6 +118,16 @@ class FakeDockerd:
         parts = [unquote(p) for p in url.path.strip("/").split("/")]
         if parts[:1] == ["containers"] and len(parts) == 2 and parts[1] == "json":
             return self.list_containers(handler, query)
+        if parts[:1] == ["containers"] and len(parts) == 2 and method == "DELETE":
+            # The Engine API: 204 once removed (force=1 kills a running one first), 404 if none;
+            # without force a running container is refused (409).
+            container = self.containers.get(parts[1])
+            if container is None:
+                return self.error(handler, 404, f"No such container: {parts[1]}")
+            if container["inspect"]["State"].get("Running") and query.get("force") != "1":
+                return self.error(handler, 409, "cannot remove a running container")
+            del self.containers[parts[1]]
+            return self.send(handler, 204)
         if parts[:1] == ["containers"] and len(parts) == 3:
             container = self.containers.get(parts[1])
             if container is None:
