@@ -768,6 +768,19 @@ def scale(bench: BenchCluster, results: Results, reps: int) -> None:
         "llamafactory_train_overrides": {"max_steps": SCALE_STEPS, "save_steps": 40},
         "_env": SCALE_ENV,
     }
+    # Every VM set up (Docker's settings, the stand-in's image pulled) by one unmeasured launch
+    # on all of them first: each count then measures a new job on prepared nodes, as after any
+    # first run, not the first-time setup of the VMs it adds.
+    warm = bench.train(
+        bench.inventory(counts[-1]),
+        f"scale-warm-n{counts[-1]}",
+        f"scale: every VM set up ({counts[-1]})",
+        3600,
+        launch_wait=False,
+        **dict(job_vars),
+    )
+    if warm["rc"] != 0:
+        raise BenchError(f"scale: the set-up launch failed: {warm['output'][-1500:]}")
     for rep in range(1, reps + 1):
         measured, saved = {}, set()
         for count in counts if rep % 2 else list(reversed(counts)):
