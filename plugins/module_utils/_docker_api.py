@@ -306,6 +306,25 @@ class DockerAPI(object):
         )
         return status == 204
 
+    def create_container(self, name, body):
+        """POST /containers/create?name=NAME with the container's config: its ID."""
+        created = self.post_json("/containers/create", {"name": name}, body=body, ok=(201,))
+        return created["Id"]
+
+    def start_container(self, name):
+        """POST /containers/NAME/start (304: it ran already)."""
+        self.request("POST", "/containers/%s/start" % self._name(name), ok=(204, 304))
+
+    def kill_container(self, name, signal):
+        """POST /containers/NAME/kill?signal=SIG: False when it was not running (409)."""
+        status, _data = self.request(
+            "POST",
+            "/containers/%s/kill" % self._name(name),
+            {"signal": signal},
+            ok=(204, 409),
+        )
+        return status == 204
+
     def remove_container(self, name):
         """DELETE /containers/NAME?force=1 (a running one is killed): False when it was gone."""
         return self.delete("/containers/%s" % self._name(name), {"force": "1"})

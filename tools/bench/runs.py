@@ -768,6 +768,14 @@ def scale(bench: BenchCluster, results: Results, reps: int) -> None:
         "llamafactory_train_overrides": {"max_steps": SCALE_STEPS, "save_steps": 40},
         "_env": SCALE_ENV,
     }
+    # (The 2-VM cases are never stored under their own name: count 2 is measured in every
+    # repetition, for the pairs.)
+    todo = [
+        (rep, count)
+        for rep in range(1, reps + 1)
+        for count in counts
+        if not all(results.has("scale", case, "N VMs", rep) for case in _scale_cases(count))
+    ]
     # Every VM set up (Docker's settings, the stand-in's image pulled) by one unmeasured launch
     # on all of them first: each count then measures a new job on prepared nodes, as after any
     # first run, not the first-time setup of the VMs it adds.
@@ -784,7 +792,7 @@ def scale(bench: BenchCluster, results: Results, reps: int) -> None:
     for rep in range(1, reps + 1):
         measured, saved = {}, set()
         for count in counts if rep % 2 else list(reversed(counts)):
-            if all(results.has("scale", case, "N VMs", rep) for case in _scale_cases(count)):
+            if (rep, count) not in todo:
                 continue
             measured[count] = _scale_once(bench, count, rep, job_vars)
             # Saved as soon as it pairs with the 2-VM run: a larger count that fails later

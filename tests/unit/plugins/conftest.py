@@ -51,6 +51,7 @@ class FakeDockerd:
         self.requests = []
         self.chunk = 61
         self.delay = 0.0
+        self.on_kill = None  # called with (name, signal) when a running container is signalled
         fake = self
 
         class Handler(BaseHTTPRequestHandler):
@@ -118,6 +119,8 @@ class FakeDockerd:
         parts = [unquote(p) for p in url.path.strip("/").split("/")]
         if parts[:1] == ["containers"] and len(parts) == 2 and parts[1] == "json":
             return self.list_containers(handler, query)
+        if parts == ["containers", "create"] and method == "POST":
+            return self.container_create(handler, query["name"], json.loads(body))
         if parts[:1] == ["containers"] and len(parts) == 2 and method == "DELETE":
             # The Engine API: 204 once removed (force=1 kills a running one first), 404 if none;
             # without force a running container is refused (409).
@@ -160,6 +163,36 @@ class FakeDockerd:
             return self.stream(handler, data, "application/vnd.docker.raw-stream")
         data = b"".join(struct.pack(">BxxxL", s, len(p)) + p for s, p in entries)
         self.stream(handler, data, "application/vnd.docker.multiplexed-stream")
+
+    def container_create(self, handler, name, body):
+        # The Engine API: 201 {"Id"}; 404 for an image the daemon lacks, 409 for a name in use.
+        if body["Image"] not in self.images:
+            return self.error(handler, 404, f"No such image: {body['Image']}")
+        if name in self.containers:
+            return self.error(handler, 409, f'Conflict. The container name "/{name}" is in use')
+        inspect = {
+            "Id": f"{len(self.requests):064x}",
+            "Name": "/" + name,
+            "State": {"Status": "created", "Running": False, "ExitCode": 0},
+            "Config": {"Image": body["Image"], "Cmd": body["Cmd"], "Labels": body.get("Labels")},
+            "HostConfig": body["HostConfig"],
+        }
+        self.add_container(name, inspect)
+        self.send(handler, 201, json.dumps({"Id": inspect["Id"], "Warnings": []}).encode())
+
+    def container_start(self, handler, container, query):
+        state = container["inspect"]["State"]
+        if state.get("Running"):
+            return self.send(handler, 304)
+        state.update(Status="running", Running=True)
+        self.send(handler, 204)
+
+    def container_kill(self, handler, container, query):
+        if not container["inspect"]["State"].get("Running"):
+            return self.error(handler, 409, "container is not running")
+        if self.on_kill:
+            self.on_kill(container["inspect"]["Name"].lstrip("/"), query.get("signal", "SIGKILL"))
+        self.send(handler, 204)
 
     def container_stop(self, handler, container, query):
         state = container["inspect"]["State"]

@@ -137,9 +137,20 @@ class ScaleBench:
 
     nodes = [{}] * 16
 
+    def __init__(self):
+        self.trained = []
+
     @staticmethod
     def push_standin():
         return "registry/standin"
+
+    @staticmethod
+    def inventory(count):
+        return f"bench-n{count}.gcp"
+
+    def train(self, inventory, job, _label, _deadline, **_extra):
+        self.trained.append((inventory, job))
+        return {"rc": 0}
 
 
 def scale_with(monkeypatch, once):
@@ -159,7 +170,9 @@ def test_the_scale_series_is_interleaved_and_paired_with_the_2_vm_run(tmp_path, 
 
     scale_with(monkeypatch, once)
     results = Results(tmp_path)
-    runs.scale(ScaleBench(), results, reps=2)
+    bench = ScaleBench()
+    runs.scale(bench, results, reps=2)
+    assert bench.trained == [("bench-n16.gcp", "scale-warm-n16")]  # every VM set up first
     assert order == [(1, 2), (1, 8), (1, 16), (2, 16), (2, 8), (2, 2)]
     rows = results.measurements
     case = "re-run (s), 16 VMs"

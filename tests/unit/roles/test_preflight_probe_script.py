@@ -117,3 +117,110 @@ def test_a_taken_port_ends_the_listener_and_is_named(listener):
     assert found[0]["id"] == "port-in-use"
     assert f"port {listener} (MASTER_PORT) or 49999 (preflight_port)" in found[0]["cause"]
     assert "llamafactory_master_port" in found[0]["fix"]
+
+
+def start_probe(name, port, peer_port, expect=1, timeout=3, seconds=30, extra=()):
+    targets = [{"node": "peer", "address": "127.0.0.1", "port": peer_port}]
+    return subprocess.Popen(
+        [
+            sys.executable,
+            str(PROBE),
+            "probe",
+            "--name",
+            name,
+            "--ports",
+            str(port),
+            "--expect",
+            str(expect),
+            "--bind",
+            "127.0.0.1",
+            "--timeout",
+            str(timeout),
+            "--seconds",
+            str(seconds),
+            "--disk",
+            "/",
+            "--targets",
+            json.dumps(targets),
+            *extra,
+        ],
+        stdout=subprocess.PIPE,
+        text=True,
+    )
+
+
+def lines_of(process):
+    out, _err = process.communicate(timeout=60)
+    return [json.loads(line) for line in out.splitlines()]
+
+
+def test_two_probes_started_apart_reach_each_other_and_end_once_signalled():
+    """The second probe starts after the first began: the first's refusals are retried until
+    its signal (every probe runs), and each ends once its peer reached it."""
+    import signal
+
+    a_port, b_port = free_port(), free_port()
+    first = start_probe("node-a", a_port, b_port)
+    time.sleep(4)  # past --timeout 3: a refusal is retried until the signal, not the timeout
+    second = start_probe("node-b", b_port, a_port)
+    time.sleep(1)
+    started = time.monotonic()
+    for process in (first, second):
+        process.send_signal(signal.SIGUSR1)
+    a_lines, b_lines = lines_of(first), lines_of(second)
+    assert time.monotonic() - started < 10  # ended once reached, not at --seconds 30
+    assert a_lines[0] == {"listening": [a_port]}
+    for lines, peer in ((a_lines, "node-b"), (b_lines, "node-a")):
+        (result,) = lines[-1]["results"]
+        assert result["ok"] and json.loads(result["answer"]) == {"node": peer}
+        assert lines[-1]["listen_error"] == ""
+    assert first.returncode == second.returncode == 0
+
+
+@pytest.fixture
+def dropping_port():
+    """A loopback port whose accept queue is full: Linux drops further SYNs (a firewall's DROP,
+    without one)."""
+    import socket
+
+    server = socket.socket()
+    server.bind(("127.0.0.1", 0))
+    server.listen(0)
+    port = server.getsockname()[1]
+    fillers = []
+    for _ in range(3):
+        filler = socket.socket()
+        filler.setblocking(False)
+        filler.connect_ex(("127.0.0.1", port))
+        fillers.append(filler)
+    time.sleep(0.5)
+    yield port
+    for sock in [*fillers, server]:
+        sock.close()
+
+
+def test_a_probe_without_its_signal_names_a_dropped_peer_after_its_timeout(dropping_port):
+    """A peer that never answers is a time-out, final after --timeout even before the signal
+    (a refusal would still be retried)."""
+    process = start_probe("node-a", free_port(), dropping_port, timeout=2, seconds=6)
+    started = time.monotonic()
+    assert json.loads(process.stdout.readline())["listening"]
+    report = json.loads(process.stdout.readline())
+    assert time.monotonic() - started < 5
+    (result,) = report["results"]
+    assert not result["ok"] and result["error"] == "timed out"
+    lines_of(process)  # it ends at --seconds: nobody reached it
+    assert 4 < time.monotonic() - started < 20
+
+
+def test_a_probe_that_cannot_listen_says_so_and_still_reaches_its_peers(listener):
+    import signal
+
+    process = start_probe("node-b", listener, listener, seconds=5)
+    time.sleep(1)
+    process.send_signal(signal.SIGUSR1)
+    lines = lines_of(process)
+    assert lines[0] == {"listening": []}
+    assert "Address already in use" in lines[-1]["listen_error"]
+    assert lines[-1]["results"][0]["ok"]  # the listener of the fixture answered
+    assert process.returncode == 3

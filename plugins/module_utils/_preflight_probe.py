@@ -1,0 +1,155 @@
+# -*- coding: utf-8 -*-
+# Copyright: hostnet.llamafactory contributors
+# GNU General Public License v3.0+ (see LICENSE or https://www.gnu.org/licenses/gpl-3.0.txt)
+"""The preflight's probe container on a node (the module preflight_probe): started with the
+job's network mode, image, volumes and GPUs, then signalled, its report read and the container
+removed once it ended. roles/preflight/files/preflight_probe.py (mode probe) runs inside."""
+
+from __future__ import absolute_import, division, print_function
+
+__metaclass__ = type
+
+import json
+import time
+
+from ansible_collections.hostnet.llamafactory.plugins.module_utils import _job as job
+
+# SIGUSR1 tells the probe that every node's probe runs: a refusal from then on is final.
+GO = "SIGUSR1"
+POLL_S = 0.2
+# A probe whose every target answered ends as soon as its peers reached it (milliseconds):
+# awaited this long, so that its container is removed in the same call.
+END_GRACE_S = 1.0
+
+
+def container_body(params):
+    """The Engine API's create body (POST /containers/create) for the module's options."""
+    ports = {}
+    for published in params["published_ports"] or []:
+        host, _, inside = str(published).rpartition(":")
+        ports["%s/tcp" % (inside or host)] = [{"HostPort": host or inside}]
+    requests = [
+        {
+            "Driver": request.get("driver", ""),
+            "Count": request.get("count", 0),
+            "DeviceIDs": request.get("device_ids"),
+            "Capabilities": request.get("capabilities") or [],
+            "Options": request.get("options") or {},
+        }
+        for request in params["device_requests"] or []
+    ]
+    return {
+        "Image": params["image"],
+        "Cmd": [str(part) for part in params["command"]],
+        "Labels": dict((k, str(v)) for k, v in (params["labels"] or {}).items()),
+        "ExposedPorts": dict((port, {}) for port in ports),
+        "HostConfig": {
+            "NetworkMode": params["network_mode"],
+            "Binds": list(params["volumes"] or []),
+            "PortBindings": ports,
+            "DeviceRequests": requests,
+            "RestartPolicy": {"Name": "no"},
+        },
+    }
+
+
+def start(docker, params, check_mode):
+    """Replace any container of the name by a new probe, started. Raises DockerError."""
+    if check_mode:
+        return
+    docker.remove_container(params["name"])
+    docker.create_container(params["name"], container_body(params))
+    docker.start_container(params["name"])
+
+
+def _lines(docker, name, tail):
+    out, err = docker.container_logs(name, tail=tail, timestamps=False)
+    return [line for line in (out + err).splitlines() if line.strip()]
+
+
+def _report(lines):
+    for line in reversed(lines):
+        line = line.strip()
+        if line.startswith("{"):
+            try:
+                found = json.loads(line)
+            except ValueError:
+                continue
+            if isinstance(found, dict) and "results" in found:
+                return found
+    return None
+
+
+def listener_state(container, lines, report):
+    """What the preflight's findings read of the listener: it could not listen (the probe's
+    listen_error), or its container ended before any report (the exit code and last lines)."""
+    if report is not None:
+        error = report.get("listen_error") or ""
+        if error:
+            return {"state": "exited", "exit_code": 3, "log_lines": [error], "error": ""}
+        return {"state": "running", "exit_code": None, "log_lines": [], "error": ""}
+    return {
+        "state": container.get("state"),
+        "exit_code": container.get("exit_code"),
+        "log_lines": lines[-5:],
+        "error": "",
+    }
+
+
+def collect(docker, params, check_mode, clock=time.time, sleep=time.sleep):
+    """Signal the probe, wait (at most O(wait) s) for its report, remove its container once it
+    ended. Raises DockerError."""
+    name, tail = params["name"], params["tail"]
+    raw = docker.inspect_container(name)
+    if raw is None:
+        container = job.container_state(raw)
+        return dict(
+            changed=False,
+            container=container,
+            log_lines=[],
+            report=None,
+            error="no probe container %s on this node: its start failed" % name,
+            listener=listener_state(container, [], None),
+        )
+    if (raw.get("State") or {}).get("Running") and not check_mode:
+        docker.kill_container(name, GO)
+    deadline = clock() + params["wait"]
+    while True:
+        lines = _lines(docker, name, tail)
+        report = _report(lines)
+        running = (raw.get("State") or {}).get("Running")
+        if report is not None or not running or clock() >= deadline:
+            break
+        sleep(POLL_S)
+        raw = docker.inspect_container(name) or {}
+    if report is not None and all(r.get("ok") for r in report.get("results", [])):
+        end = clock() + END_GRACE_S
+        while (raw.get("State") or {}).get("Running") and clock() < end:
+            sleep(POLL_S / 2)
+            raw = docker.inspect_container(name) or {}
+    container = job.container_state(raw)
+    removed = False
+    if raw and not (raw.get("State") or {}).get("Running") and not check_mode:
+        removed = docker.remove_container(name)
+    if report is not None:
+        error = ""
+    elif container.get("state") == "running":
+        error = "the probe printed no report within %s s" % params["wait"]
+    else:
+        error = " ".join(" ".join(lines[-5:]).split())[:500] or "the probe ended with no output"
+    return dict(
+        changed=removed,
+        container=container,
+        log_lines=lines[-tail:],
+        report=report,
+        error=error,
+        listener=listener_state(container, lines, report),
+    )
+
+
+def run(docker, params, check_mode):
+    """The module's result. Raises DockerError."""
+    if params["state"] == "started":
+        start(docker, params, check_mode)
+        return dict(changed=True)
+    return collect(docker, params, check_mode)

@@ -1,0 +1,180 @@
+#!/usr/bin/python
+# -*- coding: utf-8 -*-
+# Copyright: hostnet.llamafactory contributors
+# GNU General Public License v3.0+ (see LICENSE or https://www.gnu.org/licenses/gpl-3.0.txt)
+
+from __future__ import absolute_import, division, print_function
+
+__metaclass__ = type
+
+DOCUMENTATION = r"""
+module: preflight_probe
+short_description: The preflight's probe container on a node - started, then its report read
+version_added: 0.1.0
+description:
+  - O(state=started) replaces any container named O(name) with a new one of O(image) running
+    O(command) (the preflight's probe, C(roles/preflight/files/preflight_probe.py probe)) in
+    O(network_mode), with O(volumes), O(published_ports), O(device_requests) and O(labels),
+    and returns at once. The role runs it on every node before it reads any.
+  - O(state=collected) signals the probe (SIGUSR1 - every node's probe runs now, a refused
+    connection is final), waits at most O(wait) seconds for its JSON report, and removes the
+    container once it ended (it ends when its peers have reached it, or at its own deadline).
+  - Why not M(community.docker.docker_container) - the preflight ran a listener and a probe
+    container per node, started, waited for and removed in four tasks; on 32 nodes with
+    Ansible's default forks they were half of the time until a fault was named
+    (docs/benchmarks.md). This module takes one light call per node for each step, over the
+    collection's own Engine API client (C(plugins/module_utils/_docker_api.py), standard
+    library only).
+author:
+  - hostnet.llamafactory contributors (@hostnet)
+options:
+  name:
+    description: The probe container's name.
+    type: str
+    required: true
+  state:
+    description: C(started) - a new probe started; C(collected) - its report read, the
+      container removed once it ended.
+    type: str
+    choices: [started, collected]
+    required: true
+  image:
+    description: The image (the job's; it needs python3). Required with O(state=started).
+    type: str
+  command:
+    description: The probe's command line. Required with O(state=started).
+    type: list
+    elements: str
+  network_mode:
+    description: The job's network mode (C(host), or C(bridge) to reproduce its failure).
+    type: str
+    default: host
+  volumes:
+    description: Binds, C(SOURCE:DEST[:ro]).
+    type: list
+    elements: str
+    default: []
+  published_ports:
+    description: Ports published on the host, C(HOST:CONTAINER) (bridge networking).
+    type: list
+    elements: str
+    default: []
+  device_requests:
+    description: GPU requests, as M(community.docker.docker_container) takes them (C(driver),
+      C(count), C(device_ids), C(capabilities), C(options)).
+    type: list
+    elements: dict
+    default: []
+  labels:
+    description: The container's labels.
+    type: dict
+    default: {}
+  wait:
+    description: With O(state=collected), the most seconds to wait for the report.
+    type: int
+    default: 30
+  tail:
+    description: How many of the container's last log lines to return.
+    type: int
+    default: 20
+extends_documentation_fragment:
+  - hostnet.llamafactory.docker
+attributes:
+  check_mode:
+    support: full
+    description: Starts, signals and removes nothing; C(collected) reads what is there.
+  diff_mode:
+    support: none
+    description: Reports no diff.
+  idempotent:
+    support: none
+    description: Each O(state=started) starts a new probe; it runs only when a launch is due.
+"""
+
+EXAMPLES = r"""
+- name: Start the probe on every node
+  hostnet.llamafactory.preflight_probe:
+    name: llamafactory-demo-preflight
+    state: started
+    image: registry.example/llamafactory:0.9.5
+    command: [python3, /probe.py, probe, --name, vm0, --ports, "49949", --expect, "1",
+              --bind, 10.128.0.2, --targets,
+              '[{"node": "vm1", "address": "10.128.0.3", "port": 49949}]']
+    volumes: [/var/lib/llamafactory/jobs/demo/preflight_probe.py:/probe.py:ro]
+  become: true
+
+- name: Read every node's report (after every node's probe started)
+  hostnet.llamafactory.preflight_probe:
+    name: llamafactory-demo-preflight
+    state: collected
+  become: true
+  register: probe
+"""
+
+RETURN = r"""
+report:
+  description: The probe's JSON report (every target reached or not, the source address, disk,
+    GPUs, packages, listen_error), or null when it printed none (see RV(error)).
+  returned: state=collected
+  type: dict
+error:
+  description: Why there is no report (empty when there is one).
+  returned: state=collected
+  type: str
+listener:
+  description: The listener as the preflight's findings read it - C(state), C(exit_code),
+    C(log_lines) (a port it could not listen on), C(error).
+  returned: state=collected
+  type: dict
+container:
+  description: The container's state when it was read (V(missing) when there was none).
+  returned: state=collected
+  type: dict
+log_lines:
+  description: The container's last log lines.
+  returned: state=collected
+  type: list
+  elements: str
+"""
+
+from ansible.module_utils.basic import AnsibleModule
+from ansible_collections.hostnet.llamafactory.plugins.module_utils import (
+    _preflight_probe as probe,
+)
+from ansible_collections.hostnet.llamafactory.plugins.module_utils._docker_api import (
+    DockerAPI,
+    DockerError,
+)
+
+
+def main():
+    module = AnsibleModule(
+        argument_spec=dict(
+            name=dict(type="str", required=True),
+            state=dict(type="str", choices=["started", "collected"], required=True),
+            image=dict(type="str"),
+            command=dict(type="list", elements="str"),
+            network_mode=dict(type="str", default="host"),
+            volumes=dict(type="list", elements="str", default=[]),
+            published_ports=dict(type="list", elements="str", default=[]),
+            device_requests=dict(type="list", elements="dict", default=[]),
+            labels=dict(type="dict", default={}),
+            wait=dict(type="int", default=30),
+            tail=dict(type="int", default=20),
+            docker_socket=dict(type="path", default="/var/run/docker.sock"),
+            docker_timeout=dict(type="int", default=60),
+        ),
+        required_if=[("state", "started", ("image", "command"))],
+        supports_check_mode=True,
+    )
+    params = module.params
+    docker = DockerAPI(params["docker_socket"], params["docker_timeout"])
+    try:
+        result = probe.run(docker, params, module.check_mode)
+    except DockerError as exc:
+        module.fail_json(msg="preflight probe %s: %s" % (params["name"], exc))
+    module.exit_json(**result)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,137 @@
+"""The module preflight_probe run as Ansible runs it against the dockerd stand-in of conftest.py
+(the Engine API's create, start, kill, logs and delete): the probe container started with the
+job's settings, then signalled, its report read and the container removed."""
+
+import json
+
+import ansible_run
+import pytest
+
+IMAGE = "registry.example/llamafactory:0.9.5"
+NAME = "llamafactory-demo-preflight"
+REPORT = {
+    "node": "vm1",
+    "results": [{"node": "vm0", "address": "10.0.0.2", "port": 49949, "ok": True}],
+    "listen_error": "",
+}
+
+
+def run_module(tmp_path, **args):
+    return ansible_run.module("preflight_probe", tmp_path, str(tmp_path), **args)
+
+
+def log(text):
+    return (1, b"2026-12-05T01:00:00.000000000Z " + text.encode() + b"\n")
+
+
+@pytest.fixture
+def started(dockerd, socket_path, tmp_path):
+    dockerd.images[IMAGE] = "sha256:" + "1" * 64
+    result = run_module(
+        tmp_path,
+        name=NAME,
+        state="started",
+        image=IMAGE,
+        command=["python3", "/probe.py", "probe", "--ports", 49949],
+        network_mode="bridge",
+        published_ports=["29500:29500"],
+        volumes=["/jobs/demo/preflight_probe.py:/probe.py:ro"],
+        device_requests=[{"driver": "nvidia", "count": -1, "capabilities": [["gpu"]]}],
+        labels={"hostnet.llamafactory.rank": 1},
+        docker_socket=socket_path,
+    )
+    assert result["changed"] and not result.get("failed"), result
+    return dockerd
+
+
+def test_started_with_the_jobs_settings(started):
+    inspect = started.containers[NAME]["inspect"]
+    assert inspect["State"]["Running"]
+    assert inspect["Config"]["Cmd"] == ["python3", "/probe.py", "probe", "--ports", "49949"]
+    assert inspect["Config"]["Labels"] == {"hostnet.llamafactory.rank": "1"}
+    host = inspect["HostConfig"]
+    assert host["NetworkMode"] == "bridge"
+    assert host["PortBindings"] == {"29500/tcp": [{"HostPort": "29500"}]}
+    assert host["Binds"] == ["/jobs/demo/preflight_probe.py:/probe.py:ro"]
+    assert host["DeviceRequests"][0]["Driver"] == "nvidia"
+    assert host["DeviceRequests"][0]["Capabilities"] == [["gpu"]]
+
+
+def test_a_second_start_replaces_the_first(started, socket_path, tmp_path):
+    first = started.containers[NAME]["inspect"]["Id"]
+    again = run_module(
+        tmp_path,
+        name=NAME,
+        state="started",
+        image=IMAGE,
+        command=["true"],
+        docker_socket=socket_path,
+    )
+    assert again["changed"] and started.containers[NAME]["inspect"]["Id"] != first
+    assert next(r[2] for r in started.requests if r[0] == "DELETE") == {"force": "1"}
+
+
+def test_collected_signals_reads_the_report_and_removes_the_ended_probe(
+    started, socket_path, tmp_path
+):
+    def on_kill(name, signal):
+        assert signal == "SIGUSR1"
+        container = started.containers[name]
+        container["logs"] += [log('{"listening": [49949]}'), log(json.dumps(REPORT))]
+        container["inspect"]["State"].update(Status="exited", Running=False, ExitCode=0)
+
+    started.on_kill = on_kill
+    result = run_module(tmp_path, name=NAME, state="collected", docker_socket=socket_path)
+    assert result["report"] == REPORT and result["error"] == ""
+    assert result["listener"] == {
+        "state": "running",
+        "exit_code": None,
+        "log_lines": [],
+        "error": "",
+    }
+    assert result["changed"] and NAME not in started.containers
+
+
+def test_a_listen_error_in_the_report_is_the_listeners_finding(started, socket_path, tmp_path):
+    report = dict(
+        REPORT, listen_error="cannot listen on [29500]: [Errno 98] Address already in use"
+    )
+    started.containers[NAME]["logs"] += [log(json.dumps(report))]
+    result = run_module(tmp_path, name=NAME, state="collected", docker_socket=socket_path)
+    assert result["listener"]["exit_code"] == 3
+    assert "Address already in use" in result["listener"]["log_lines"][0]
+
+
+def test_a_probe_that_crashed_gives_its_last_lines(started, socket_path, tmp_path):
+    container = started.containers[NAME]
+    container["logs"] += [(2, b"2026-12-05T01:00:00.000000000Z exec: python3: not found\n")]
+    container["inspect"]["State"].update(Status="exited", Running=False, ExitCode=127)
+    result = run_module(tmp_path, name=NAME, state="collected", docker_socket=socket_path)
+    assert result["report"] is None and "python3: not found" in result["error"]
+    assert result["listener"]["exit_code"] == 127
+    assert NAME not in started.containers
+
+
+def test_no_report_within_the_wait_leaves_the_probe_to_end_by_itself(
+    started, socket_path, tmp_path
+):
+    result = run_module(tmp_path, name=NAME, state="collected", wait=1, docker_socket=socket_path)
+    assert result["report"] is None and result["error"] == "the probe printed no report within 1 s"
+    assert not result["changed"] and NAME in started.containers
+
+
+def test_no_probe_when_its_start_failed(dockerd, socket_path, tmp_path):
+    result = run_module(tmp_path, name=NAME, state="collected", docker_socket=socket_path)
+    assert result["report"] is None and "its start failed" in result["error"]
+
+
+def test_an_image_the_daemon_lacks_fails_the_start(dockerd, socket_path, tmp_path):
+    result = run_module(
+        tmp_path,
+        name=NAME,
+        state="started",
+        image=IMAGE,
+        command=["true"],
+        docker_socket=socket_path,
+    )
+    assert result["failed"] and "No such image" in result["msg"]
