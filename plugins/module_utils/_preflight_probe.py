@@ -3,7 +3,7 @@
 # GNU General Public License v3.0+ (see LICENSE or https://www.gnu.org/licenses/gpl-3.0.txt)
 """The preflight's probe container on a node (the module preflight_probe): started with the
 job's network mode, image, volumes and GPUs, then signalled, its report read and the container
-removed once it ended. roles/preflight/files/preflight_probe.py (mode probe) runs inside."""
+removed. roles/preflight/files/preflight_probe.py (mode probe) runs inside."""
 
 from __future__ import absolute_import, division, print_function
 
@@ -17,9 +17,10 @@ from ansible_collections.hostnet.llamafactory.plugins.module_utils import _job a
 # SIGUSR1 tells the probe that every node's probe runs: a refusal from then on is final.
 GO = "SIGUSR1"
 POLL_S = 0.2
-# A probe whose every target answered ends as soon as its peers reached it (milliseconds):
-# awaited this long, so that its container is removed in the same call.
-END_GRACE_S = 1.0
+# A probe whose every target answered ends as soon as its peers reached it (they connect the
+# moment they start, and every probe ran before any was read): awaited this long, then removed
+# whatever its state. One with a failure of its own is removed at once - the preflight stops.
+END_GRACE_S = 2.0
 
 
 def container_body(params):
@@ -97,8 +98,8 @@ def listener_state(container, lines, report):
 
 
 def collect(docker, params, check_mode, clock=time.time, sleep=time.sleep):
-    """Signal the probe, wait (at most O(wait) s) for its report, remove its container once it
-    ended. Raises DockerError."""
+    """Signal the probe, wait (at most O(wait) s) for its report, then remove its container
+    (see END_GRACE_S). Raises DockerError."""
     name, tail = params["name"], params["tail"]
     raw = docker.inspect_container(name)
     if raw is None:
@@ -122,15 +123,14 @@ def collect(docker, params, check_mode, clock=time.time, sleep=time.sleep):
             break
         sleep(POLL_S)
         raw = docker.inspect_container(name) or {}
-    if report is not None and all(r.get("ok") for r in report.get("results", [])):
+    healthy = report is not None and not report.get("listen_error")
+    if healthy and all(r.get("ok") for r in report.get("results", [])):
         end = clock() + END_GRACE_S
         while (raw.get("State") or {}).get("Running") and clock() < end:
             sleep(POLL_S / 2)
             raw = docker.inspect_container(name) or {}
     container = job.container_state(raw)
-    removed = False
-    if raw and not (raw.get("State") or {}).get("Running") and not check_mode:
-        removed = docker.remove_container(name)
+    removed = bool(raw) and not check_mode and docker.remove_container(name)
     if report is not None:
         error = ""
     elif container.get("state") == "running":

@@ -18,7 +18,8 @@ description:
     and returns at once. The role runs it on every node before it reads any.
   - O(state=collected) signals the probe (SIGUSR1 - every node's probe runs now, a refused
     connection is final), waits at most O(wait) seconds for its JSON report, and removes the
-    container once it ended (it ends when its peers have reached it, or at its own deadline).
+    container - after at most 2 s more when every target answered (it ends as soon as its
+    peers reached it), at once when it found a problem (the preflight stops).
   - Why not M(community.docker.docker_container) - the preflight ran a listener and a probe
     container per node, started, waited for and removed in four tasks; on 32 nodes with
     Ansible's default forks they were half of the time until a fault was named

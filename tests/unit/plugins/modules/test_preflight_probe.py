@@ -112,12 +112,19 @@ def test_a_probe_that_crashed_gives_its_last_lines(started, socket_path, tmp_pat
     assert NAME not in started.containers
 
 
-def test_no_report_within_the_wait_leaves_the_probe_to_end_by_itself(
-    started, socket_path, tmp_path
-):
+def test_no_report_within_the_wait_removes_the_probe(started, socket_path, tmp_path):
     result = run_module(tmp_path, name=NAME, state="collected", wait=1, docker_socket=socket_path)
     assert result["report"] is None and result["error"] == "the probe printed no report within 1 s"
-    assert not result["changed"] and NAME in started.containers
+    assert result["changed"] and NAME not in started.containers
+
+
+def test_a_healthy_probe_still_running_after_the_grace_is_removed(started, socket_path, tmp_path):
+    """Every target answered, but a peer has not reached it within 2 s (that peer's own report
+    names why): removed all the same, nothing is left."""
+    started.containers[NAME]["logs"] += [log(json.dumps(REPORT))]
+    result = run_module(tmp_path, name=NAME, state="collected", docker_socket=socket_path)
+    assert result["report"] == REPORT and result["container"]["state"] == "running"
+    assert result["changed"] and NAME not in started.containers
 
 
 def test_no_probe_when_its_start_failed(dockerd, socket_path, tmp_path):
