@@ -16,7 +16,8 @@
   scale          the stand-in job (no training: tools/localcluster/standin) on 2, 8, 16 and 32
                  VMs with Ansible's default 5 forks: a detached launch, the wait for a 1-minute
                  job (its controller CPU per VM per minute), a re-run, and the time until the
-                 preflight names a fault (bridge networking)
+                 preflight names a fault (bridge networking); the launch and the fault task
+                 by task at 2 VMs and the largest count
   outputs        llamafactory_output_uri: the same 40-step job with and without it,
                  interleaved (mean step time), each checkpoint's seconds from saved to complete
                  in the box's bucket, and a 256 MB checkpoint part sent and restored
@@ -169,6 +170,16 @@ NOTES = {
         "in it (they share the same 2 cores)."
     ),
     "profile-fault-cpu": "Table 9's runs, counted as table 11.",
+    "profile-scale-launch": (
+        "Table 10's detached launch, task by task (ansible.posix's profile_tasks: a task's time "
+        "runs from its start to the next task's, all hosts together; an included file's tasks "
+        "summed), on 2 VMs and on the series' largest count. The whole run's row is the wall "
+        "time of `ansible-playbook`."
+    ),
+    "profile-scale-fault": (
+        "Table 10's run with the bridge-networking fault, timed as table 20 until the play ends "
+        "(the preflight names the fault; nothing is launched)."
+    ),
     "hub": (
         "tests/integration/playbooks/hub_fetch.yml (the job planned, the NICs found, then the "
         "launch's hub.yml alone) on a cluster of its own (8 VMs, their project allowing traffic "

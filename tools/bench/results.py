@@ -30,6 +30,9 @@ COMPARISONS = {
     "profile-fault-cpu": ("2 nodes", "8 nodes", "seconds", "8 nodes / 2 nodes"),
     # Each case is one figure at N VMs (in its name) next to the same figure at 2 VMs.
     "scale": ("2 VMs", "N VMs", "value", "N VMs / 2 VMs"),
+    # The scale series' launch and fault, task by task, at 2 VMs and the largest count.
+    "profile-scale-launch": ("2 VMs", "N VMs", "seconds", "N VMs / 2 VMs"),
+    "profile-scale-fault": ("2 VMs", "N VMs", "seconds", "N VMs / 2 VMs"),
     # --compare REV: the collection at REV (before) and this tree (after), on the same cluster.
     "outputs-step": ("without output URI", "with output URI", "seconds", "with / without"),
     "outputs-transfer": ("upload", "restore", "seconds", "restore / upload"),
@@ -78,6 +81,14 @@ TITLES = {
     ),
     "hub": "15. The Hub model (200 MB) fetched once and copied, or by every node (s of the fetch)",
     "vms": "18. VMs from an empty project: up.yml creating N VMs and waiting for their SSH (s)",
+    "profile-scale-launch": (
+        "20. Where a launch's time goes at scale (the stand-in, detached, 5 forks; N: the largest "
+        "count, s per task)"
+    ),
+    "profile-scale-fault": (
+        "21. Where the time to a named cause goes at scale (the stand-in, bridge networking, 5 "
+        "forks; N: the largest count, s per task)"
+    ),
     "preemption": (
         "19. A spot VM preempted mid-training: seconds from the preemption to each step of the "
         "restart"

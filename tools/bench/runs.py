@@ -749,6 +749,11 @@ SCALE_STEPS = 120  # 0.5 s each (the stand-in's default): about a minute of wait
 # Ansible's own default (this repository's ansible.cfg says 25): what a user of the collection
 # gets without a configuration of their own.
 SCALE_ENV = {"ANSIBLE_FORKS": "5"}
+# The launch's and the fault's tasks timed (profile_tasks) at 2 VMs and at the largest count.
+SCALE_PROFILES = {
+    "launch, detached (s)": "profile-scale-launch",
+    "time to a named cause (s)": "profile-scale-fault",
+}
 
 
 def scale(bench: BenchCluster, results: Results, reps: int) -> None:
@@ -795,6 +800,16 @@ def scale(bench: BenchCluster, results: Results, reps: int) -> None:
             if (rep, count) not in todo:
                 continue
             measured[count] = _scale_once(bench, count, rep, job_vars)
+            profiles = measured[count].pop("profiles", {})
+            if count in (2, counts[-1]):
+                variant = "2 VMs" if count == 2 else "N VMs"
+                results.add_many(
+                    [
+                        (SCALE_PROFILES[name], task, variant, rep, {"seconds": seconds})
+                        for name, tasks in profiles.items()
+                        for task, seconds in tasks.items()
+                    ]
+                )
             # Saved as soon as it pairs with the 2-VM run: a larger count that fails later
             # leaves what was measured.
             if 2 not in measured:
@@ -830,9 +845,9 @@ def _scale_once(bench: BenchCluster, count: int, rep: int, job_vars: dict) -> di
     inventory = bench.inventory(count)
     job = f"scale-n{count}-r{rep}"
     label = f"scale {count} VMs {rep}"
-    launched = bench.train(
-        inventory, job, f"{label}: launch", 3600, launch_wait=False, **dict(job_vars)
-    )
+    # profile_tasks (its recap at the end) on the launch and the fault: where the time goes.
+    profiled = dict(job_vars, _env={**job_vars["_env"], **scale_profile_env()})
+    launched = bench.train(inventory, job, f"{label}: launch", 3600, launch_wait=False, **profiled)
     if launched["rc"] != 0:
         raise BenchError(f"{label}: the launch failed: {launched['output'][-1500:]}")
     waited = bench.train(
@@ -852,7 +867,7 @@ def _scale_once(bench: BenchCluster, count: int, rep: int, job_vars: dict) -> di
         f"{label}: {PROFILE_FAULT}",
         1800,
         _watch=fault["expect"],
-        **dict(job_vars),
+        **profiled,
         **fault["vars"],
         # Detached: a bridge-networked job's wait would need a fork per node (validation
         # refuses it with 5 forks); the preflight runs before the launch either way.
@@ -871,7 +886,25 @@ def _scale_once(bench: BenchCluster, count: int, rep: int, job_vars: dict) -> di
         "time to a named cause (s)": round(faulty["seen_s"], 1),
     }
     say(f"{label}: {figures}")
+    figures["profiles"] = {
+        "launch, detached (s)": {
+            WHOLE_RUN: round(launched["seconds"], 1),
+            **task_profile(launched["output"]),
+        },
+        "time to a named cause (s)": {
+            WHOLE_RUN: round(faulty["seconds"], 1),
+            **task_profile(faulty["output"]),
+        },
+    }
     return figures
+
+
+def scale_profile_env() -> dict:
+    """ansible.posix's profile_tasks alone (no CPU file), its recap in playbook order."""
+    return {
+        "ANSIBLE_CALLBACKS_ENABLED": "ansible.posix.profile_tasks",
+        **{k: v for k, v in PROFILE_ENV.items() if k.startswith("PROFILE_TASKS_")},
+    }
 
 
 # ------------------------------------------------------------------ the task profile

@@ -449,3 +449,25 @@ def test_the_preemption_marks_are_timed_as_the_log_shows_them(tmp_path):
         watcher.join()
     assert list(seen) == ["cause named", "VM back", "relaunch decided"]
     assert 1.0 <= seen["cause named"] < seen["VM back"] == seen["relaunch decided"]
+
+
+def test_the_scale_profiles_keep_2_vms_and_the_largest_count(tmp_path, monkeypatch):
+    def once(_bench, count, rep, _job_vars):
+        figures = dict((name, float(count)) for name in runs.SCALE_FIGURES)
+        figures["profiles"] = {
+            "launch, detached (s)": {runs.WHOLE_RUN: count * 2.0, "Start the rank": count / 4},
+            "time to a named cause (s)": {runs.WHOLE_RUN: count * 1.0},
+        }
+        return figures
+
+    scale_with(monkeypatch, once)
+    results = Results(tmp_path)
+    runs.scale(ScaleBench(), results, reps=1)
+    launch = [m for m in results.measurements if m["bench"] == "profile-scale-launch"]
+    assert {(m["case"], m["variant"], m["seconds"]) for m in launch} == {
+        (runs.WHOLE_RUN, "2 VMs", 4.0),
+        ("Start the rank", "2 VMs", 0.5),
+        (runs.WHOLE_RUN, "N VMs", 32.0),
+        ("Start the rank", "N VMs", 4.0),
+    }
+    assert "| Start the rank | 0.5 | 4.0 | 8.00x |" in (tmp_path / "results.md").read_text()
