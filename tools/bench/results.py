@@ -145,6 +145,8 @@ class Results:
         # matplotlib is a bench-only dependency; without it the JSON and the table stay
         with contextlib.suppress(ImportError):
             chart(summary, self.folder / "results.png")
+            if summary.get("scale"):  # the README's chart
+                scale_chart(summary["scale"], self.folder / "scale.png")
 
 
 def _key(measurement: dict) -> tuple:
@@ -488,6 +490,21 @@ def _scale_curves(axis, cases: dict, first: str, second: str) -> None:
     axis.set_title("10. At scale: the stand-in job, Ansible's default forks", fontsize=9)
     lines = axis.get_lines() + cpu_axis.get_lines()
     axis.legend(lines, [line.get_label() for line in lines], fontsize=7, loc="upper center")
+
+
+def scale_chart(cases: dict, path: Path) -> None:
+    """The scale series alone (table 10's curves), for the README."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    figure, axis = plt.subplots(figsize=(6.4, 4.2))
+    first, second = COMPARISONS["scale"][:2]
+    _scale_curves(axis, cases, first, second)
+    figure.tight_layout()
+    figure.savefig(path, dpi=110)
+    plt.close(figure)
 
 
 def _vms_curves(axis, cases: dict, first: str, second: str) -> None:

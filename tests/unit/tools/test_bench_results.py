@@ -160,3 +160,15 @@ def test_the_scale_chart_is_drawn(tmp_path):
     pytest.importorskip("matplotlib", reason="matplotlib is the bench's own dependency")
     chart(summarize(_scale_rows()), tmp_path / "results.png")
     assert (tmp_path / "results.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+def test_a_scale_series_gets_the_readmes_chart_of_its_own(tmp_path):
+    pytest.importorskip("matplotlib", reason="matplotlib is the bench's own dependency")
+    results = Results(tmp_path)
+    results.add_many(
+        [
+            (r["bench"], r["case"], r["variant"], r["rep"], {"value": r["value"]})
+            for r in _scale_rows()
+        ]
+    )
+    assert (tmp_path / "scale.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
