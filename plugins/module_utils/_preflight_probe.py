@@ -27,7 +27,7 @@ def container_body(params):
     """The Engine API's create body (POST /containers/create) for the module's options."""
     ports = {}
     for published in params["published_ports"] or []:
-        host, _, inside = str(published).rpartition(":")
+        host, _colon, inside = str(published).rpartition(":")
         ports["%s/tcp" % (inside or host)] = [{"HostPort": host or inside}]
     requests = [
         {

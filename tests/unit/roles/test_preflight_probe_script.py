@@ -187,12 +187,10 @@ def dropping_port():
     server.bind(("127.0.0.1", 0))
     server.listen(0)
     port = server.getsockname()[1]
-    fillers = []
-    for _ in range(3):
-        filler = socket.socket()
+    fillers = [socket.socket() for _index in range(3)]
+    for filler in fillers:
         filler.setblocking(False)
         filler.connect_ex(("127.0.0.1", port))
-        fillers.append(filler)
     time.sleep(0.5)
     yield port
     for sock in [*fillers, server]:
