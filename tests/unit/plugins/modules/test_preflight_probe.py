@@ -20,6 +20,18 @@ def run_module(tmp_path, **args):
     return ansible_run.module("preflight_probe", tmp_path, str(tmp_path), **args)
 
 
+def start_true(tmp_path, socket_path):
+    """A probe started with a command of no interest."""
+    return run_module(
+        tmp_path,
+        name=NAME,
+        state="started",
+        image=IMAGE,
+        command=["true"],
+        docker_socket=socket_path,
+    )
+
+
 def log(text):
     return (1, b"2026-12-05T01:00:00.000000000Z " + text.encode() + b"\n")
 
@@ -59,14 +71,7 @@ def test_started_with_the_jobs_settings(started):
 
 def test_a_second_start_replaces_the_first(started, socket_path, tmp_path):
     first = started.containers[NAME]["inspect"]["Id"]
-    again = run_module(
-        tmp_path,
-        name=NAME,
-        state="started",
-        image=IMAGE,
-        command=["true"],
-        docker_socket=socket_path,
-    )
+    again = start_true(tmp_path, socket_path)
     assert again["changed"] and started.containers[NAME]["inspect"]["Id"] != first
     assert next(r[2] for r in started.requests if r[0] == "DELETE") == {"force": "1"}
 
@@ -133,12 +138,5 @@ def test_no_probe_when_its_start_failed(dockerd, socket_path, tmp_path):
 
 
 def test_an_image_the_daemon_lacks_fails_the_start(dockerd, socket_path, tmp_path):
-    result = run_module(
-        tmp_path,
-        name=NAME,
-        state="started",
-        image=IMAGE,
-        command=["true"],
-        docker_socket=socket_path,
-    )
+    result = start_true(tmp_path, socket_path)
     assert result["failed"] and "No such image" in result["msg"]
