@@ -62,7 +62,7 @@ def agent_state(path):
 
 def query(docker, params, check_mode):
     """The container's inspect (None when absent), its log text (stdout, stderr) and whether it
-    was stopped or removed. Raises DockerError."""
+    was stopped. Raises DockerError."""
     name = params["name"]
     raw = docker.inspect_container(name)
     stopped = False
@@ -81,9 +81,6 @@ def query(docker, params, check_mode):
             # between the calls: the state still counts.
             if exc.status is None:
                 raise
-    if params.get("remove") and raw and not check_mode:
-        # After its state and logs were read: they are reported as they were.
-        stopped = docker.remove_container(name) or stopped
     return raw, logs, stopped
 
 

@@ -51,12 +51,6 @@ options:
     description: Stop the container (if it runs) before reporting.
     type: bool
     default: false
-  remove:
-    description:
-      - Remove the container (killed if it runs) after its state and logs were read; they are
-        reported as they were. The preflight reads and removes its listener in one call.
-    type: bool
-    default: false
   labels:
     description:
       - Labels that make the container this run's (the launch role's digest of the rank's
@@ -76,8 +70,8 @@ attributes:
     description: Reports no diff.
   idempotent:
     support: full
-    description: Only reports, unless O(stop=true) or O(remove=true); a second stop finds the
-      container stopped, a second removal finds none, and neither changes anything.
+    description: Only reports, unless O(stop=true); a second stop finds the container stopped
+      and changes nothing.
 """
 
 EXAMPLES = r"""
@@ -166,7 +160,6 @@ def main():
         argument_spec=dict(
             job_status.OPTIONS,
             stop=dict(type="bool", default=False),
-            remove=dict(type="bool", default=False),
             labels=dict(type="dict"),
             stop_timeout=dict(type="int", default=10),
         ),

@@ -4,7 +4,6 @@ on a unix socket (conftest.py)."""
 
 import json
 import os
-import struct
 import time
 from pathlib import Path
 
@@ -125,29 +124,6 @@ def test_stop_in_check_mode_reports_without_stopping(dockerd, socket_path, tmp_p
     assert result["changed"] is True
     assert result["container"]["state"] == "running"
     assert not [r for r in dockerd.requests if r[1].endswith("/stop")]
-
-
-LISTENING = b'2026-12-05T01:00:00.000000000Z {"listening": [49949]}\n'
-
-
-def test_remove_reports_the_container_as_it_was_then_removes_it(dockerd, socket_path, tmp_path):
-    dockerd.add_container(
-        "llamafactory-demo-preflight-listen",
-        inspect("running"),
-        logs=struct.pack(">BxxxL", 1, len(LISTENING)) + LISTENING,
-    )
-    args = dict(name="llamafactory-demo-preflight-listen", remove=True, docker_socket=socket_path)
-    checked = run_module(tmp_path, **args, _ansible_check_mode=True)
-    assert "llamafactory-demo-preflight-listen" in dockerd.containers
-    first = run_module(tmp_path, **args)
-    assert first["changed"] is True
-    assert first["container"]["state"] == checked["container"]["state"] == "running"
-    assert first["log_lines"] == ['{"listening": [49949]}']
-    assert "llamafactory-demo-preflight-listen" not in dockerd.containers
-    deletes = [r for r in dockerd.requests if r[0] == "DELETE"]
-    assert [r[2] for r in deletes] == [{"force": "1"}]
-    again = run_module(tmp_path, **args)
-    assert again["changed"] is False and again["container"]["state"] == "missing"
 
 
 def test_labels_match_says_whether_the_container_is_this_runs(dockerd, socket_path, tmp_path):
