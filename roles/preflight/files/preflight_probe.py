@@ -109,32 +109,10 @@ def probe(name, bind, targets, timeout, disk, gpus, ports, expect, seconds):
 def listen(ports, seconds, name):
     # PID 1 of its container: without a handler SIGTERM is ignored and `docker stop` waits 10 s.
     signal.signal(signal.SIGTERM, lambda _signum, _frame: sys.exit(0))
-    servers = []
-    for port in ports:
-        server = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
-        server.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-        server.bind(("0.0.0.0", port))  # noqa: S104 (the probe must be reachable on every NIC)
-        server.listen(64)
-        server.settimeout(0.5)
-        servers.append(server)
+    listener = Listener(ports, name)  # a port already taken raises: the exit names it
     print(json.dumps({"listening": ports}), flush=True)
-    end = time.time() + seconds
-
-    def serve(server):
-        while time.time() < end:
-            try:
-                connection, _peer = server.accept()
-            except OSError:
-                continue
-            with contextlib.suppress(OSError):
-                connection.sendall((json.dumps({"node": name}) + "\n").encode())
-            connection.close()
-
-    threads = [threading.Thread(target=serve, args=(s,), daemon=True) for s in servers]
-    for thread in threads:
-        thread.start()
-    for thread in threads:
-        thread.join()
+    time.sleep(seconds)
+    listener.close()
 
 
 def reach(bind, target, deadline, timeouts_until=None):
