@@ -8,7 +8,8 @@ JSON answers, streamed answers (a pull's JSON lines, a container's log stream) w
 every wait, and errors that say what is wrong - no daemon, no permission, a slow daemon, or the
 daemon's own message for a refused call.
 
-Used by the modules image_pull and job_status. community.docker's client
+Used by the modules image_pull, job_status, node_facts, preflight_probe and hub_cache.
+community.docker's client
 (community.docker/plugins/module_utils/_api) is private to that collection and needs `requests`
 on the node, so the collection keeps this small one of its own.
 
@@ -34,6 +35,11 @@ except ImportError:  # pragma: no cover (Python 2 is not supported by the collec
 
 DEFAULT_SOCKET = "/var/run/docker.sock"
 DEFAULT_TIMEOUT = 60
+# The options of the modules that reach the daemon (the doc fragment hostnet.llamafactory.docker).
+OPTIONS = dict(
+    docker_socket=dict(type="path", default=DEFAULT_SOCKET),
+    docker_timeout=dict(type="int", default=DEFAULT_TIMEOUT),
+)
 
 # The multiplexed stream (a container's output without a TTY): frames of an 8-byte header
 # [STREAM_TYPE, 0, 0, 0, SIZE1, SIZE2, SIZE3, SIZE4] and SIZE bytes of payload, the size a
@@ -136,6 +142,11 @@ class DockerAPI(object):
     def __init__(self, socket_path=DEFAULT_SOCKET, timeout=DEFAULT_TIMEOUT):
         self.socket_path = socket_path
         self.timeout = timeout
+
+    @classmethod
+    def from_params(cls, params):
+        """The client a module's OPTIONS (docker_socket, docker_timeout) name."""
+        return cls(params["docker_socket"], params["docker_timeout"])
 
     # --- HTTP -----------------------------------------------------------------------------
 

@@ -13,6 +13,7 @@ import json
 import os
 import time
 
+from ansible_collections.hostnet.llamafactory.plugins.module_utils import _docker_api as docker_api
 from ansible_collections.hostnet.llamafactory.plugins.module_utils import _job as job
 from ansible_collections.hostnet.llamafactory.plugins.module_utils._docker_api import DockerError
 
@@ -23,8 +24,7 @@ OPTIONS = dict(
     output_dir=dict(type="path"),
     agent_state=dict(type="path"),
     tail=dict(type="int", default=40),
-    docker_socket=dict(type="path", default="/var/run/docker.sock"),
-    docker_timeout=dict(type="int", default=60),
+    **docker_api.OPTIONS,
 )
 
 

@@ -145,6 +145,9 @@ import time
 from ansible.module_utils.basic import AnsibleModule
 from ansible_collections.hostnet.llamafactory.plugins.module_utils import _image_pull as pull
 from ansible_collections.hostnet.llamafactory.plugins.module_utils._docker_api import (
+    OPTIONS as DOCKER_OPTIONS,
+)
+from ansible_collections.hostnet.llamafactory.plugins.module_utils._docker_api import (
     DockerAPI,
     DockerError,
 )
@@ -267,7 +270,7 @@ def spawn(function):
 def start(module, params):
     name = params["name"]
     registry = pull.split_reference(name)[0]
-    docker = DockerAPI(params["docker_socket"], params["docker_timeout"])
+    docker = DockerAPI.from_params(params)
     try:
         before = docker.image_id(name)
     except DockerError as exc:
@@ -354,8 +357,7 @@ def main():
             interval=dict(type="float", default=2),
             progress_every=dict(type="float", default=30),
             phase=dict(type="str", choices=["start", "poll", "cancel"], default="start"),
-            docker_socket=dict(type="path", default="/var/run/docker.sock"),
-            docker_timeout=dict(type="int", default=60),
+            **DOCKER_OPTIONS,
         ),
         required_by={"password": "username"},
         supports_check_mode=True,

@@ -166,7 +166,7 @@ def main():
         supports_check_mode=True,
     )
     params = module.params
-    docker = DockerAPI(params["docker_socket"], params["docker_timeout"])
+    docker = DockerAPI.from_params(params)
     try:
         result = job_status.read(docker, params, module.check_mode)
     except DockerError as exc:

@@ -242,7 +242,7 @@ def main():
         facts["docker_host"]["read"] = params["docker_host"]
     if params["job"] is not None:
         read = params["job"]
-        docker = DockerAPI(read["docker_socket"], read["docker_timeout"])
+        docker = DockerAPI.from_params(read)
         try:
             state = job_status.read(docker, read, module.check_mode)
         except DockerError as exc:

@@ -143,6 +143,9 @@ from ansible_collections.hostnet.llamafactory.plugins.module_utils import (
     _preflight_probe as probe,
 )
 from ansible_collections.hostnet.llamafactory.plugins.module_utils._docker_api import (
+    OPTIONS as DOCKER_OPTIONS,
+)
+from ansible_collections.hostnet.llamafactory.plugins.module_utils._docker_api import (
     DockerAPI,
     DockerError,
 )
@@ -162,14 +165,13 @@ def main():
             labels=dict(type="dict", default={}),
             wait=dict(type="int", default=30),
             tail=dict(type="int", default=20),
-            docker_socket=dict(type="path", default="/var/run/docker.sock"),
-            docker_timeout=dict(type="int", default=60),
+            **DOCKER_OPTIONS,
         ),
         required_if=[("state", "started", ("image", "command"))],
         supports_check_mode=True,
     )
     params = module.params
-    docker = DockerAPI(params["docker_socket"], params["docker_timeout"])
+    docker = DockerAPI.from_params(params)
     try:
         result = probe.run(docker, params, module.check_mode)
     except DockerError as exc:
