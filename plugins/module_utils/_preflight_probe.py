@@ -63,6 +63,10 @@ def start(docker, params, check_mode):
     docker.start_container(params["name"])
 
 
+def _running(raw):
+    return bool(((raw or {}).get("State") or {}).get("Running"))
+
+
 def _lines(docker, name, tail):
     out, err = docker.container_logs(name, tail=tail, timestamps=False)
     return [line for line in (out + err).splitlines() if line.strip()]
@@ -112,21 +116,20 @@ def collect(docker, params, check_mode, clock=time.time, sleep=time.sleep):
             error="no probe container %s on this node: its start failed" % name,
             listener=listener_state(container, [], None),
         )
-    if (raw.get("State") or {}).get("Running") and not check_mode:
+    if _running(raw) and not check_mode:
         docker.kill_container(name, GO)
     deadline = clock() + params["wait"]
     while True:
         lines = _lines(docker, name, tail)
         report = _report(lines)
-        running = (raw.get("State") or {}).get("Running")
-        if report is not None or not running or clock() >= deadline:
+        if report is not None or not _running(raw) or clock() >= deadline:
             break
         sleep(POLL_S)
         raw = docker.inspect_container(name) or {}
     healthy = report is not None and not report.get("listen_error")
     if healthy and all(r.get("ok") for r in report.get("results", [])):
         end = clock() + END_GRACE_S
-        while (raw.get("State") or {}).get("Running") and clock() < end:
+        while _running(raw) and clock() < end:
             sleep(POLL_S / 2)
             raw = docker.inspect_container(name) or {}
     container = job.container_state(raw)
