@@ -12,6 +12,7 @@ __metaclass__ = type
 import json
 import time
 
+from ansible_collections.hostnet.llamafactory.plugins.module_utils import _container as container
 from ansible_collections.hostnet.llamafactory.plugins.module_utils import _job as job
 
 # SIGUSR1 tells the probe that every node's probe runs: a refusal from then on is final.
@@ -23,44 +24,11 @@ POLL_S = 0.2
 END_GRACE_S = 2.0
 
 
-def container_body(params):
-    """The Engine API's create body (POST /containers/create) for the module's options."""
-    ports = {}
-    for published in params["published_ports"] or []:
-        host, _colon, inside = str(published).rpartition(":")
-        ports["%s/tcp" % (inside or host)] = [{"HostPort": host or inside}]
-    requests = [
-        {
-            "Driver": request.get("driver", ""),
-            "Count": request.get("count", 0),
-            "DeviceIDs": request.get("device_ids"),
-            "Capabilities": request.get("capabilities") or [],
-            "Options": request.get("options") or {},
-        }
-        for request in params["device_requests"] or []
-    ]
-    return {
-        "Image": params["image"],
-        "Cmd": [str(part) for part in params["command"]],
-        "Labels": dict((k, str(v)) for k, v in (params["labels"] or {}).items()),
-        "ExposedPorts": dict((port, {}) for port in ports),
-        "HostConfig": {
-            "NetworkMode": params["network_mode"],
-            "Binds": list(params["volumes"] or []),
-            "PortBindings": ports,
-            "DeviceRequests": requests,
-            "RestartPolicy": {"Name": "no"},
-        },
-    }
-
-
 def start(docker, params, check_mode):
     """Replace any container of the name by a new probe, started. Raises DockerError."""
     if check_mode:
         return
-    docker.remove_container(params["name"])
-    docker.create_container(params["name"], container_body(params))
-    docker.start_container(params["name"])
+    container.replace(docker, params["name"], container.create_body(params))
 
 
 def _running(raw):

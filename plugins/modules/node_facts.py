@@ -132,6 +132,11 @@ options:
         description: Seconds one Engine API call may wait for the daemon.
         type: int
         default: 60
+      image:
+        description:
+          - An image whose local ID to read with the job (C(job_state.image_id), null when the
+            daemon lacks it) - a launch then pulls only where the image is missing.
+        type: str
 attributes:
   check_mode:
     support: full
@@ -190,7 +195,8 @@ ansible_facts:
     job_state:
       description: What M(hostnet.llamafactory.job_status) returns (without C(labels_match)),
         C(read) - the options it was read with - and C(docker_since) (C(docker_host.service.since)
-        of the same call); null when the Docker daemon did not answer.
+        of the same call), and C(image_id) when O(job.image) is given; null when the Docker
+        daemon did not answer.
       type: dict
 """
 
@@ -219,7 +225,7 @@ def main():
         argument_spec=dict(
             nic=dict(type="dict", options=nic_host.OPTIONS),
             docker_host=dict(type="dict", options=DOCKER_HOST_OPTIONS),
-            job=dict(type="dict", options=job_status.OPTIONS),
+            job=dict(type="dict", options=dict(job_status.OPTIONS, image=dict(type="str"))),
         ),
         supports_check_mode=True,
     )
@@ -245,6 +251,8 @@ def main():
         docker = DockerAPI.from_params(read)
         try:
             state = job_status.read(docker, read, module.check_mode)
+            if read["image"]:
+                state["image_id"] = docker.image_id(read["image"])
         except DockerError as exc:
             facts["job_state"] = None
             result["job_error"] = "cannot query container %s: %s" % (read["name"], exc)

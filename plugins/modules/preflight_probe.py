@@ -142,6 +142,9 @@ from ansible.module_utils.basic import AnsibleModule
 from ansible_collections.hostnet.llamafactory.plugins.module_utils import (
     _preflight_probe as probe,
 )
+from ansible_collections.hostnet.llamafactory.plugins.module_utils._container import (
+    OPTIONS as CONTAINER_OPTIONS,
+)
 from ansible_collections.hostnet.llamafactory.plugins.module_utils._docker_api import (
     OPTIONS as DOCKER_OPTIONS,
 )
@@ -156,13 +159,7 @@ def main():
         argument_spec=dict(
             name=dict(type="str", required=True),
             state=dict(type="str", choices=["started", "collected"], required=True),
-            image=dict(type="str"),
-            command=dict(type="list", elements="str"),
-            network_mode=dict(type="str", default="host"),
-            volumes=dict(type="list", elements="str", default=[]),
-            published_ports=dict(type="list", elements="str", default=[]),
-            device_requests=dict(type="list", elements="dict", default=[]),
-            labels=dict(type="dict", default={}),
+            **CONTAINER_OPTIONS,
             wait=dict(type="int", default=30),
             tail=dict(type="int", default=20),
             **DOCKER_OPTIONS,

@@ -174,7 +174,13 @@ class FakeDockerd:
             "Id": f"{len(self.requests):064x}",
             "Name": "/" + name,
             "State": {"Status": "created", "Running": False, "ExitCode": 0},
-            "Config": {"Image": body["Image"], "Cmd": body["Cmd"], "Labels": body.get("Labels")},
+            "Config": {
+                "Image": body["Image"],
+                "Cmd": body["Cmd"],
+                "Labels": body.get("Labels"),
+                "Env": body.get("Env") or [],
+                "WorkingDir": body.get("WorkingDir", ""),
+            },
             "HostConfig": body["HostConfig"],
         }
         self.add_container(name, inspect)

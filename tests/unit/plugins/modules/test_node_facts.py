@@ -68,3 +68,14 @@ def test_no_daemon_is_a_null_job_state_not_a_failure(tmp_path):
     assert result["ansible_facts"]["job_state"] is None
     assert result["job_error"].startswith("cannot query container x")
     assert "primary_nic" not in result["ansible_facts"]
+
+
+def test_the_image_is_read_with_the_job_when_asked(tmp_path, socket_path, node):
+    node.images["registry.example/llamafactory:1"] = "sha256:abc"
+    job = {"name": "llamafactory-demo", "docker_socket": socket_path, "tail": 1}
+    present = run_module(tmp_path, job={**job, "image": "registry.example/llamafactory:1"})
+    assert present["ansible_facts"]["job_state"]["image_id"] == "sha256:abc"
+    absent = run_module(tmp_path, job={**job, "image": "registry.example/llamafactory:2"})
+    assert absent["ansible_facts"]["job_state"]["image_id"] is None  # the launch pulls it
+    unasked = run_module(tmp_path, job=job)
+    assert "image_id" not in unasked["ansible_facts"]["job_state"]
