@@ -70,7 +70,7 @@ def test_a_rank_replaces_the_container_of_its_name_and_runs(dockerd, socket_path
     assert host["DeviceRequests"][0]["Driver"] == "nvidia" and host["RestartPolicy"] == {
         "Name": "no"
     }
-    calls = [(method, path) for method, path, *_rest in dockerd.requests]
+    calls = [tuple(request[:2]) for request in dockerd.requests]
     assert calls == [
         ("DELETE", f"/containers/{NAME}"),
         ("POST", "/containers/create"),
