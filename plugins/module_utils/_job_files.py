@@ -1,9 +1,10 @@
 # -*- coding: utf-8 -*-
 # Copyright: hostnet.llamafactory contributors
 # GNU General Public License v3.0+ (see LICENSE or https://www.gnu.org/licenses/gpl-3.0.txt)
-"""job_files on the node: what each wanted folder or file needs (its creation, its content,
-its owner, group or mode), and the changes made whole (a file is written to a temporary name
-and renamed over the old one)."""
+"""job_files on the node (and the files preflight_probe writes before its start): each wanted
+entry checked first, what each folder or file needs (its creation, its content, its owner, group
+or mode), and the changes made whole (a file is written to a temporary name and renamed over the
+old one)."""
 
 from __future__ import absolute_import, division, print_function
 
@@ -12,10 +13,30 @@ __metaclass__ = type
 import base64
 import binascii
 import grp
+import json
 import os
 import pwd
 import stat
 import tempfile
+
+# One entry's argument spec (the modules' `entries` and `files` options). The content is no_log:
+# the result's invocation does not echo it back (an environment file, up to 16 MiB of copies).
+ENTRY_OPTIONS = dict(
+    path=dict(type="path", required=True),
+    state=dict(type="str", choices=["directory", "file"], default="file"),
+    content=dict(type="str", no_log=True),
+    content_base64=dict(type="str", no_log=True),
+    mode=dict(type="str", required=True),
+    json=dict(type="bool", default=False),
+)
+
+
+class EntryError(Exception):
+    """An entry that cannot be made; `changes` holds what was made before it."""
+
+    def __init__(self, msg, changes=None):
+        super().__init__(msg)
+        self.changes = changes or {}
 
 
 def ids(owner, group):
@@ -87,3 +108,51 @@ def apply(entry, changes, uid, gid):
         os.chown(path, uid, gid)
     if "create" in changes or "mode" in changes:
         os.chmod(path, mode)
+
+
+def problem(entry):
+    """What is wrong with one entry as given (None when nothing), found before anything is
+    written: content and content_base64 both or neither, base64 that is not, a mode that is not
+    octal, text meant to be JSON that is not."""
+    path = entry["path"]
+    if entry["state"] == "file" and (entry["content"] is None) == (entry["content_base64"] is None):
+        return "%s: a file needs content or content_base64, one of them" % path
+    try:
+        data(entry)
+    except ValueError as exc:
+        return "%s: content_base64 is not base64 (%s)" % (path, exc)
+    try:
+        int(entry["mode"], 8)
+    except ValueError:
+        return "%s: mode %r is not octal" % (path, entry["mode"])
+    if entry["json"]:
+        try:
+            json.loads(entry["content"])
+        except ValueError as exc:
+            return "%s: not valid JSON (%s); nothing written" % (path, exc)
+    return None
+
+
+def write(entries, owner, group, check_mode):
+    """Every entry checked, then made in order (nothing in check mode) -> {path: changes} of
+    those that needed any. Raises EntryError (with what was made before) on the first entry
+    that cannot be made; nothing is written when one is wrong as given."""
+    try:
+        uid, gid = ids(owner, group)
+    except KeyError as exc:
+        raise EntryError("no such owner or group on this node: %s" % exc) from exc
+    for entry in entries:
+        found = problem(entry)
+        if found:
+            raise EntryError(found)
+    changes = {}
+    for entry in entries:
+        try:
+            needed = needs(entry, uid, gid)
+            if needed and not check_mode:
+                apply(entry, needed, uid, gid)
+        except (OSError, ValueError) as exc:
+            raise EntryError(str(exc), changes) from exc
+        if needed:
+            changes[entry["path"]] = needed
+    return changes

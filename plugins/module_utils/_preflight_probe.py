@@ -14,6 +14,7 @@ import time
 
 from ansible_collections.hostnet.llamafactory.plugins.module_utils import _container as container
 from ansible_collections.hostnet.llamafactory.plugins.module_utils import _job as job
+from ansible_collections.hostnet.llamafactory.plugins.module_utils import _job_files as files
 
 # SIGUSR1 tells the probe that every node's probe runs: a refusal from then on is final.
 GO = "SIGUSR1"
@@ -25,10 +26,12 @@ END_GRACE_S = 2.0
 
 
 def start(docker, params, check_mode):
-    """Replace any container of the name by a new probe, started. Raises DockerError."""
-    if check_mode:
-        return
-    container.replace(docker, params["name"], container.create_body(params))
+    """Make O(files), then replace any container of the name by a new probe, started ->
+    {path: changes} of the files. Raises EntryError (nothing started) or DockerError."""
+    changes = files.write(params["files"], "root", "root", check_mode)
+    if not check_mode:
+        container.replace(docker, params["name"], container.create_body(params))
+    return changes
 
 
 def _running(raw):
@@ -121,6 +124,5 @@ def collect(docker, params, check_mode, clock=time.time, sleep=time.sleep):
 def run(docker, params, check_mode):
     """The module's result. Raises DockerError."""
     if params["state"] == "started":
-        start(docker, params, check_mode)
-        return dict(changed=True)
+        return dict(changed=True, changes=start(docker, params, check_mode))
     return collect(docker, params, check_mode)

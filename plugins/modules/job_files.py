@@ -90,8 +90,6 @@ changes:
   sample: {/var/lib/llamafactory/jobs/sft/config.yaml: [content]}
 """
 
-import json
-
 from ansible.module_utils.basic import AnsibleModule
 from ansible_collections.hostnet.llamafactory.plugins.module_utils import _job_files as files
 
@@ -99,19 +97,7 @@ from ansible_collections.hostnet.llamafactory.plugins.module_utils import _job_f
 def main():
     module = AnsibleModule(
         argument_spec=dict(
-            entries=dict(
-                type="list",
-                elements="dict",
-                required=True,
-                options=dict(
-                    path=dict(type="path", required=True),
-                    state=dict(type="str", choices=["directory", "file"], default="file"),
-                    content=dict(type="str"),
-                    content_base64=dict(type="str"),
-                    mode=dict(type="str", required=True),
-                    json=dict(type="bool", default=False),
-                ),
-            ),
+            entries=dict(type="list", elements="dict", required=True, options=files.ENTRY_OPTIONS),
             owner=dict(type="str", default="root"),
             group=dict(type="str", default="root"),
         ),
@@ -119,41 +105,11 @@ def main():
     )
     params = module.params
     try:
-        uid, gid = files.ids(params["owner"], params["group"])
-    except KeyError as exc:
-        module.fail_json(msg="no such owner or group on this node: %s" % exc)
-    for entry in params["entries"]:
-        if entry["state"] == "file" and (entry["content"] is None) == (
-            entry["content_base64"] is None
-        ):
-            module.fail_json(
-                msg="%s: a file needs content or content_base64, one of them" % entry["path"]
-            )
-        try:
-            files.data(entry)  # checked here, before anything is written
-        except ValueError as exc:
-            module.fail_json(msg="%s: content_base64 is not base64 (%s)" % (entry["path"], exc))
-        try:
-            int(entry["mode"], 8)
-        except ValueError:
-            module.fail_json(msg="%s: mode %r is not octal" % (entry["path"], entry["mode"]))
-        if entry["json"]:
-            try:
-                json.loads(entry["content"])
-            except ValueError as exc:
-                module.fail_json(
-                    msg="%s: not valid JSON (%s); nothing written" % (entry["path"], exc)
-                )
-    changes = {}
-    for entry in params["entries"]:
-        try:
-            needed = files.needs(entry, uid, gid)
-            if needed and not module.check_mode:
-                files.apply(entry, needed, uid, gid)
-        except (OSError, ValueError) as exc:
-            module.fail_json(msg=str(exc), changes=changes)
-        if needed:
-            changes[entry["path"]] = needed
+        changes = files.write(
+            params["entries"], params["owner"], params["group"], module.check_mode
+        )
+    except files.EntryError as exc:
+        module.fail_json(msg=str(exc), changes=exc.changes)
     result = dict(changed=bool(changes), changes=changes)
     if module._diff:
         result["diff"] = dict(

@@ -15,7 +15,9 @@ description:
   - O(state=started) replaces any container named O(name) with a new one of O(image) running
     O(command) (the preflight's probe, C(roles/preflight/files/preflight_probe.py probe)) in
     O(network_mode), with O(volumes), O(published_ports), O(device_requests) and O(labels),
-    and returns at once. The role runs it on every node before it reads any.
+    and returns at once. The role runs it on every node before it reads any. O(files) are
+    written first (the probe's script, and the job's files when the launch has not written
+    them yet), in the same call.
   - O(state=collected) signals the probe (SIGUSR1 - every node's probe runs now, a refused
     connection is final), waits at most O(wait) seconds for its JSON report, and removes the
     container - after at most 2 s more when every target answered (it ends as soon as its
@@ -70,6 +72,41 @@ options:
     description: The container's labels.
     type: dict
     default: {}
+  files:
+    description:
+      - With O(state=started), folders and files made before the probe starts, as
+        M(hostnet.llamafactory.job_files) makes its O(hostnet.llamafactory.job_files#module:entries)
+        (owner and group root, only what differs changed). One wrong as given, or one that
+        cannot be made, fails the call and starts nothing.
+      - The launch's files come here when nothing before the probe needs them (one round trip
+        per node less, docs/benchmarks.md).
+    type: list
+    elements: dict
+    default: []
+    suboptions:
+      path:
+        description: Absolute path.
+        type: path
+        required: true
+      state:
+        description: C(directory) or C(file).
+        type: str
+        choices: [directory, file]
+        default: file
+      content:
+        description: The file's text (C(state=file)); or O(files[].content_base64).
+        type: str
+      content_base64:
+        description: The file's bytes, base64-encoded (C(state=file)).
+        type: str
+      mode:
+        description: Octal mode, as a string (C("0640")).
+        type: str
+        required: true
+      json:
+        description: Refuse the entry unless its content is valid JSON (nothing is written).
+        type: bool
+        default: false
   wait:
     description: With O(state=collected), the most seconds to wait for the report.
     type: int
@@ -83,7 +120,7 @@ extends_documentation_fragment:
 attributes:
   check_mode:
     support: full
-    description: Starts, signals and removes nothing; C(collected) reads what is there.
+    description: Writes, starts, signals and removes nothing; C(collected) reads what is there.
   diff_mode:
     support: none
     description: Reports no diff.
@@ -93,10 +130,14 @@ attributes:
 """
 
 EXAMPLES = r"""
-- name: Start the probe on every node
+- name: Write the probe's script, then start the probe on every node
   hostnet.llamafactory.preflight_probe:
     name: llamafactory-demo-preflight
     state: started
+    files:
+      - path: /var/lib/llamafactory/jobs/demo/preflight_probe.py
+        content: "{{ lookup('ansible.builtin.file', 'preflight_probe.py', rstrip=false) }}"
+        mode: "0644"
     image: registry.example/llamafactory:0.9.5
     command: [python3, /probe.py, probe, --name, vm0, --ports, "49949", --expect, "1",
               --bind, 10.128.0.2, --targets,
@@ -113,6 +154,12 @@ EXAMPLES = r"""
 """
 
 RETURN = r"""
+changes:
+  description: Each path of O(files) that changed, with what changed (C(create), C(content),
+    C(owner), C(mode)).
+  returned: state=started
+  type: dict
+  sample: {/var/lib/llamafactory/jobs/demo/preflight_probe.py: [content]}
 report:
   description: The probe's JSON report (every target reached or not, the source address, disk,
     GPUs, packages, listen_error), or null when it printed none (see RV(error)).
@@ -140,6 +187,9 @@ log_lines:
 
 from ansible.module_utils.basic import AnsibleModule
 from ansible_collections.hostnet.llamafactory.plugins.module_utils import (
+    _job_files as files,
+)
+from ansible_collections.hostnet.llamafactory.plugins.module_utils import (
     _preflight_probe as probe,
 )
 from ansible_collections.hostnet.llamafactory.plugins.module_utils._container import (
@@ -160,6 +210,7 @@ def main():
             name=dict(type="str", required=True),
             state=dict(type="str", choices=["started", "collected"], required=True),
             **CONTAINER_OPTIONS,
+            files=dict(type="list", elements="dict", default=[], options=files.ENTRY_OPTIONS),
             wait=dict(type="int", default=30),
             tail=dict(type="int", default=20),
             **DOCKER_OPTIONS,
@@ -171,6 +222,8 @@ def main():
     docker = DockerAPI.from_params(params)
     try:
         result = probe.run(docker, params, module.check_mode)
+    except files.EntryError as exc:
+        module.fail_json(msg="preflight probe %s: %s" % (params["name"], exc), changes=exc.changes)
     except DockerError as exc:
         module.fail_json(msg="preflight probe %s: %s" % (params["name"], exc))
     module.exit_json(**result)

@@ -140,3 +140,61 @@ def test_no_probe_when_its_start_failed(dockerd, socket_path, tmp_path):
 def test_an_image_the_daemon_lacks_fails_the_start(dockerd, socket_path, tmp_path):
     result = start_true(tmp_path, socket_path)
     assert result["failed"] and "No such image" in result["msg"]
+
+
+def test_its_files_are_written_before_the_start(dockerd, socket_path, tmp_path):
+    dockerd.images[IMAGE] = "sha256:" + "1" * 64
+    job = tmp_path / "jobs" / "demo"
+    files = [
+        {"path": str(job), "state": "directory", "mode": "0750"},
+        {"path": str(job / "env"), "content": "NNODES=2\n", "mode": "0600"},
+        {"path": str(job / "preflight_probe.py"), "content": "print()\n", "mode": "0644"},
+    ]
+    result = run_module(
+        tmp_path,
+        name=NAME,
+        state="started",
+        image=IMAGE,
+        command=["true"],
+        files=files,
+        docker_socket=socket_path,
+    )
+    assert result["changed"] and not result.get("failed"), result
+    assert result["changes"] == {
+        str(job): ["create"],
+        str(job / "env"): ["content"],
+        str(job / "preflight_probe.py"): ["content"],
+    }
+    assert (job / "env").read_text() == "NNODES=2\n"
+    assert "NNODES=2" not in json.dumps(result)  # the content is not echoed back (no_log)
+    assert (job / "env").stat().st_mode & 0o777 == 0o600
+    assert dockerd.containers[NAME]["inspect"]["State"]["Running"]
+    again = run_module(
+        tmp_path,
+        name=NAME,
+        state="started",
+        image=IMAGE,
+        command=["true"],
+        files=files,
+        docker_socket=socket_path,
+    )
+    assert again["changes"] == {}  # written once; the probe is started again
+
+
+def test_a_file_wrong_as_given_writes_and_starts_nothing(dockerd, socket_path, tmp_path):
+    dockerd.images[IMAGE] = "sha256:" + "1" * 64
+    job = tmp_path / "jobs" / "demo"
+    result = run_module(
+        tmp_path,
+        name=NAME,
+        state="started",
+        image=IMAGE,
+        command=["true"],
+        files=[
+            {"path": str(job), "state": "directory", "mode": "0750"},
+            {"path": str(job / "agent.json"), "content": "{rank: 0", "mode": "0640", "json": True},
+        ],
+        docker_socket=socket_path,
+    )
+    assert result["failed"] and "agent.json: not valid JSON" in result["msg"]
+    assert NAME in result["msg"] and not job.exists() and NAME not in dockerd.containers
