@@ -108,11 +108,15 @@ class Results:
         data = {}
         if resume and self.path.is_file():
             data = json.loads(self.path.read_text())
-        self.meta = {**data.get("meta", {}), **(meta or {})}
-        # Every invocation that measured into this file (a --resume adds one).
-        earlier = data.get("meta", {}).get("invocations", [])
+        before = data.get("meta", {})
+        self.meta = {**before, **(meta or {})}
+        # Every invocation that measured into this file (a --resume adds one), and the machine
+        # of each (a resume may run on another).
+        earlier = before.get("invocations", [])
         if meta and meta.get("command"):
             self.meta["invocations"] = [*earlier, meta["command"]]
+            machines = before.get("machines") or [before.get("machine")] * len(earlier)
+            self.meta["machines"] = [*machines, self.meta.get("machine")]
         self.measurements: list[dict] = data.get("measurements", [])
 
     def has(self, bench: str, case: str, variant: str, rep: int) -> bool:
@@ -247,15 +251,28 @@ def _cell(text: str) -> str:
     return " ".join(str(text).split()).replace("|", "\\|")
 
 
+def _invocations(meta: dict) -> str:
+    """Each invocation with its machine named once per run of the same machine: `A`, then `B`
+    on M1, then `C` on M2."""
+    commands = meta.get("invocations") or [meta.get("command")]
+    machines = meta.get("machines") or []
+    if len(machines) != len(commands) or len(set(machines)) <= 1:
+        listed = ", then ".join(f"`{command}`" for command in commands)
+        return f"{listed} on {meta.get('machine', 'this machine')}"
+    parts = []
+    for index, (command, machine) in enumerate(zip(commands, machines, strict=True)):
+        last = index == len(commands) - 1 or machines[index + 1] != machine
+        parts.append(f"`{command}`" + (f" on {machine or 'an unnamed machine'}" if last else ""))
+    return ", then ".join(parts)
+
+
 def markdown(meta: dict, summary: dict) -> str:
     lines = ["# Benchmarks", ""]
     if meta:
         lines += [
             f"Measured until {meta.get('finished') or meta.get('started', '?')} with "
-            + ", then ".join(
-                f"`{command}`" for command in meta.get("invocations") or [meta.get("command")]
-            )
-            + f" on {meta.get('machine', 'this machine')}.",
+            + _invocations(meta)
+            + ".",
             "Figures: median (min-max) over the repetitions; ratios are taken pair by pair "
             "(run i of one variant with run i of the other, the two interleaved).",
             "",

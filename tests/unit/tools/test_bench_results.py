@@ -115,7 +115,26 @@ def test_the_demo_ratio_is_cold_over_warm_and_invocations_add_up(tmp_path):
     resumed.save()
     table = (tmp_path / "results.md").read_text()
     assert "| 450 | 150 | 3.00x |" in table
-    assert "`./dev bench --only demo`, then `./dev bench --resume`" in table
+    assert "`./dev bench --only demo`, then `./dev bench --resume` on " in table
+
+
+def test_a_resume_on_another_machine_names_each_machine(tmp_path):
+    first = Results(tmp_path, meta={"command": "./dev bench --only demo", "machine": "AMD"})
+    first.add("demo", "./dev demo", "cold", 1, seconds=450.0)
+    again = Results(
+        tmp_path, meta={"command": "./dev bench --resume", "machine": "AMD"}, resume=True
+    )
+    again.save()
+    assert "`./dev bench --resume` on AMD." in (tmp_path / "results.md").read_text()
+    other = Results(
+        tmp_path, meta={"command": "./dev bench --only rerun", "machine": "Intel"}, resume=True
+    )
+    other.save()
+    assert other.meta["machines"] == ["AMD", "AMD", "Intel"]
+    assert (
+        "with `./dev bench --only demo`, then `./dev bench --resume` on AMD, "
+        "then `./dev bench --only rerun` on Intel."
+    ) in (tmp_path / "results.md").read_text()
 
 
 def _scale_rows() -> list[dict]:
