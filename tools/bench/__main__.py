@@ -14,7 +14,8 @@
   profile        every task of train.yml timed (ansible.posix.profile_tasks) on 2 and 8 VMs: a
                  re-run with the job finished, and a run until the preflight names a fault
   scale          the stand-in job (no training: tools/localcluster/standin) on 2, 8, 16 and 32
-                 VMs with Ansible's default 5 forks: a detached launch, the wait for a 1-minute
+                 VMs with Ansible's default 5 forks: a detached launch (its controller CPU
+                 per VM, the machine's cores busy), the wait for a 1-minute
                  job (its controller CPU per VM per minute), a re-run, and the time until the
                  preflight names a fault (bridge networking); the launch and the fault task
                  by task at 2 VMs and the largest count
@@ -94,7 +95,9 @@ NOTES = {
         "(0.5 s a step) finishes, then `train.yml` again (changed=0), then `train.yml` with "
         "another job in bridge networking, timed until the preflight names it "
         "(container-not-on-host-network). CPU: user+system seconds "
-        "of ansible-playbook and every process it started. Every count's run is paired with the "
+        "of ansible-playbook and every process it started. The machine's cores busy: the "
+        "launch's busy time of every core (/proc/stat, the VMs' processes included) over its "
+        "wall time times the cores. Every count's run is paired with the "
         "2-VM run of the same repetition; the VMs share the controller's 2 cores."
     ),
     "time-to-cause": (

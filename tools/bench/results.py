@@ -489,6 +489,8 @@ def _scale_curves(axis, cases: dict, first: str, second: str) -> None:
     controller's CPU per VM (dashed, right axis); medians."""
     curves = scale_curves(cases, first, second)
     cpu_axis = axis.twinx()
+    # (a share in %, not seconds: in the table only)
+    curves = {name: points for name, points in curves.items() if "(%)" not in name}
     for index, (name, points) in enumerate(curves.items()):
         counts = sorted(points)
         cpu = "CPU" in name

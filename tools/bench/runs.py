@@ -102,6 +102,13 @@ def _become_subreaper() -> None:
         raise BenchError("prctl(PR_SET_CHILD_SUBREAPER) failed: the CPU figures would miss ssh")
 
 
+def machine_busy_s() -> float:
+    """CPU seconds this machine's cores have been busy since boot, all processes (the VMs'
+    included): /proc/stat's first line less idle and iowait."""
+    fields = [int(v) for v in Path("/proc/stat").read_text().splitlines()[0].split()[1:]]
+    return (sum(fields) - fields[3] - fields[4]) / os.sysconf("SC_CLK_TCK")
+
+
 def _cpu_of_children() -> float:
     import resource
 
@@ -829,6 +836,8 @@ def scale(bench: BenchCluster, results: Results, reps: int) -> None:
 
 SCALE_FIGURES = (
     "launch, detached (s)",
+    "launch: controller CPU s per VM",
+    "launch: the machine's cores busy (%)",
     "wait for a 1-minute job (s)",
     "wait: controller CPU s per VM per minute",
     "re-run (s)",
@@ -847,7 +856,9 @@ def _scale_once(bench: BenchCluster, count: int, rep: int, job_vars: dict) -> di
     label = f"scale {count} VMs {rep}"
     # profile_tasks (its recap at the end) on the launch and the fault: where the time goes.
     profiled = dict(job_vars, _env={**job_vars["_env"], **scale_profile_env()})
+    busy_before = machine_busy_s()
     launched = bench.train(inventory, job, f"{label}: launch", 3600, launch_wait=False, **profiled)
+    busy = machine_busy_s() - busy_before
     if launched["rc"] != 0:
         raise BenchError(f"{label}: the launch failed: {launched['output'][-1500:]}")
     waited = bench.train(
@@ -877,6 +888,11 @@ def _scale_once(bench: BenchCluster, count: int, rep: int, job_vars: dict) -> di
         raise BenchError(f"{label}: {fault['expect']} was not named: {faulty['output'][-1500:]}")
     figures = {
         "launch, detached (s)": round(launched["seconds"], 1),
+        "launch: controller CPU s per VM": round(launched["cpu_s"] / count, 2),
+        # The VMs and the controller share this machine's cores: how busy the launch kept them.
+        "launch: the machine's cores busy (%)": round(
+            100 * busy / (launched["seconds"] * (os.cpu_count() or 1)), 1
+        ),
         "wait for a 1-minute job (s)": round(waited["seconds"], 1),
         "wait: controller CPU s per VM per minute": round(
             waited["cpu_s"] / count / (waited["seconds"] / 60), 3

@@ -471,3 +471,11 @@ def test_the_scale_profiles_keep_2_vms_and_the_largest_count(tmp_path, monkeypat
         ("Start the rank", "N VMs", 4.0),
     }
     assert "| Start the rank | 0.5 | 4.0 | 8.00x |" in (tmp_path / "results.md").read_text()
+
+
+def test_the_machines_busy_time_grows_with_work():
+    before = runs.machine_busy_s()
+    deadline = time.process_time() + 0.3
+    while time.process_time() < deadline:  # 0.3 s of this process's CPU
+        pass
+    assert runs.machine_busy_s() - before >= 0.25
