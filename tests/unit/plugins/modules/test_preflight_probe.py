@@ -20,7 +20,7 @@ def run_module(tmp_path, **args):
     return ansible_run.module("preflight_probe", tmp_path, str(tmp_path), **args)
 
 
-def start_true(tmp_path, socket_path):
+def start_true(tmp_path, socket_path, **extra):
     """A probe started with a command of no interest."""
     return run_module(
         tmp_path,
@@ -29,6 +29,7 @@ def start_true(tmp_path, socket_path):
         image=IMAGE,
         command=["true"],
         docker_socket=socket_path,
+        **extra,
     )
 
 
@@ -150,15 +151,7 @@ def test_its_files_are_written_before_the_start(dockerd, socket_path, tmp_path):
         {"path": str(job / "env"), "content": "NNODES=2\n", "mode": "0600"},
         {"path": str(job / "preflight_probe.py"), "content": "print()\n", "mode": "0644"},
     ]
-    result = run_module(
-        tmp_path,
-        name=NAME,
-        state="started",
-        image=IMAGE,
-        command=["true"],
-        files=files,
-        docker_socket=socket_path,
-    )
+    result = start_true(tmp_path, socket_path, files=files)
     assert result["changed"] and not result.get("failed"), result
     assert result["changes"] == {
         str(job): ["create"],
@@ -169,32 +162,17 @@ def test_its_files_are_written_before_the_start(dockerd, socket_path, tmp_path):
     assert "NNODES=2" not in json.dumps(result)  # the content is not echoed back (no_log)
     assert (job / "env").stat().st_mode & 0o777 == 0o600
     assert dockerd.containers[NAME]["inspect"]["State"]["Running"]
-    again = run_module(
-        tmp_path,
-        name=NAME,
-        state="started",
-        image=IMAGE,
-        command=["true"],
-        files=files,
-        docker_socket=socket_path,
-    )
+    again = start_true(tmp_path, socket_path, files=files)
     assert again["changes"] == {}  # written once; the probe is started again
 
 
 def test_a_file_wrong_as_given_writes_and_starts_nothing(dockerd, socket_path, tmp_path):
     dockerd.images[IMAGE] = "sha256:" + "1" * 64
     job = tmp_path / "jobs" / "demo"
-    result = run_module(
-        tmp_path,
-        name=NAME,
-        state="started",
-        image=IMAGE,
-        command=["true"],
-        files=[
-            {"path": str(job), "state": "directory", "mode": "0750"},
-            {"path": str(job / "agent.json"), "content": "{rank: 0", "mode": "0640", "json": True},
-        ],
-        docker_socket=socket_path,
-    )
+    files = [
+        {"path": str(job), "state": "directory", "mode": "0750"},
+        {"path": str(job / "agent.json"), "content": "{rank: 0", "mode": "0640", "json": True},
+    ]
+    result = start_true(tmp_path, socket_path, files=files)
     assert result["failed"] and "agent.json: not valid JSON" in result["msg"]
     assert NAME in result["msg"] and not job.exists() and NAME not in dockerd.containers
