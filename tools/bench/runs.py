@@ -104,9 +104,12 @@ def _become_subreaper() -> None:
 
 def machine_busy_s() -> float:
     """CPU seconds this machine's cores have been busy since boot, all processes (the VMs'
-    included): /proc/stat's first line less idle and iowait."""
-    fields = [int(v) for v in Path("/proc/stat").read_text().splitlines()[0].split()[1:]]
-    return (sum(fields) - fields[3] - fields[4]) / os.sysconf("SC_CLK_TCK")
+    included): /proc/stat's user, nice, system, irq and softirq (not idle, iowait, the time a
+    hypervisor gave to others, nor guest time, which user already counts)."""
+    user, nice, system, _idle, _iowait, irq, softirq = (
+        int(v) for v in Path("/proc/stat").read_text().splitlines()[0].split()[1:8]
+    )
+    return (user + nice + system + irq + softirq) / os.sysconf("SC_CLK_TCK")
 
 
 def _cpu_of_children() -> float:
