@@ -19,6 +19,9 @@
                  job (its controller CPU per VM per minute), a re-run, and the time until the
                  preflight names a fault (bridge networking); the launch and the fault task
                  by task at 2 VMs and the largest count
+  forks          the stand-in job on every VM (--nodes 32) with Ansible's default 5 forks and
+                 with the repository's 25, alternating: a detached launch (its controller CPU
+                 per VM) and the time until the preflight names a fault (bridge networking)
   outputs        llamafactory_output_uri: the same 40-step job with and without it,
                  interleaved (mean step time), each checkpoint's seconds from saved to complete
                  in the box's bucket, and a 256 MB checkpoint part sent and restored
@@ -61,6 +64,7 @@ BENCHMARKS = [
     "failures",
     "profile",
     "scale",
+    "forks",
     "compare",
     "outputs",
     "hub",
@@ -99,6 +103,12 @@ NOTES = {
         "launch's busy time of every core (/proc/stat, the VMs' processes included) over its "
         "wall time times the cores. Every count's run is paired with the "
         "2-VM run of the same repetition; the VMs share the controller's 2 cores."
+    ),
+    "forks": (
+        "Table 10's launch (detached; the wait after it unmeasured) and fault on every VM of the "
+        "bench cluster, `ANSIBLE_FORKS=5` (Ansible's default) and `ANSIBLE_FORKS=25` (the "
+        "repository's ansible.cfg), alternating which runs first, after the same unmeasured "
+        "set-up launch. CPU: as table 10's. The VMs share the controller's 2 cores."
     ),
     "time-to-cause": (
         "Preflight: `train.yml` on the GCP path (the dynamic inventory, the firewall rule made "
@@ -287,8 +297,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument(
         "--nodes",
         type=int,
-        help="VMs of the bench cluster (default: 8 with rerun, profile or scale, else 2; "
-        "scale runs every count up to it: --nodes 32); vms: its largest count (32)",
+        help="VMs of the bench cluster (default: 8 with rerun, profile, scale or forks, else 2; "
+        "scale runs every count up to it: --nodes 32; forks runs on all); vms: its largest "
+        "count (32)",
     )
     args = parser.parse_args(argv)
     if args.rerun_reps is None:
@@ -323,7 +334,7 @@ def main(argv: list[str] | None = None) -> int:
         cluster_benches = [b for b in selected if b not in ("demo", "hub", "vms", "preemption")]
         if cluster_benches:
             needed = 8 if {"rerun", "profile", "compare"} & set(selected) else 2
-            if "scale" in selected:
+            if {"scale", "forks"} & set(selected):
                 needed = max(needed, 8)
             nodes = args.nodes or needed
             if nodes < needed:
@@ -331,7 +342,8 @@ def main(argv: list[str] | None = None) -> int:
             bench = runs.BenchCluster(nodes, logs)
             bench.up()
             try:
-                if set(cluster_benches) - {"scale", "outputs"}:  # the real job, trained once
+                # the real job, trained once
+                if set(cluster_benches) - {"scale", "forks", "outputs"}:
                     bench.ensure_trained(2, runs.BASE_JOB, deadline_s=1800)
                 if "time-to-cause" in selected:
                     runs.time_to_cause(bench, results, args.reps, args.cap)
@@ -345,6 +357,8 @@ def main(argv: list[str] | None = None) -> int:
                     runs.profile(bench, results, args.reps)
                 if "scale" in selected:
                     runs.scale(bench, results, args.reps)
+                if "forks" in selected:
+                    runs.forks(bench, results, args.reps)
                 if "compare" in selected:
                     runs.compare(bench, results, args.rerun_reps, args.compare, args.cap)
                 if "outputs" in selected:

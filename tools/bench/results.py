@@ -30,6 +30,8 @@ COMPARISONS = {
     "profile-fault-cpu": ("2 nodes", "8 nodes", "seconds", "8 nodes / 2 nodes"),
     # Each case is one figure at N VMs (in its name) next to the same figure at 2 VMs.
     "scale": ("2 VMs", "N VMs", "value", "N VMs / 2 VMs"),
+    # The largest count's launch and fault with Ansible's default forks and the repository's.
+    "forks": ("5 forks", "25 forks", "value", "25 forks / 5 forks"),
     # The scale series' launch and fault, task by task, at 2 VMs and the largest count.
     "profile-scale-launch": ("2 VMs", "N VMs", "seconds", "N VMs / 2 VMs"),
     "profile-scale-fault": ("2 VMs", "N VMs", "seconds", "N VMs / 2 VMs"),
@@ -61,6 +63,10 @@ TITLES = {
         "per task)"
     ),
     "scale": "10. At scale: the stand-in job on 2 VMs versus 8, 16 and 32, Ansible's default forks",
+    "forks": (
+        "22. Ansible's forks: the default 5 versus the repository's 25 (the stand-in job, every VM "
+        "of the bench cluster)"
+    ),
     "profile-rerun-cpu": (
         "11. The controller's CPU in a re-run (train.yml with the job finished, CPU s per task)"
     ),

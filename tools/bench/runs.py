@@ -776,13 +776,7 @@ def scale(bench: BenchCluster, results: Results, reps: int) -> None:
     counts = [c for c in SCALE_COUNTS if c <= len(bench.nodes)]
     if counts[-1] < 8:
         raise BenchError("the scale series needs a cluster of 8 VMs or more (--nodes 32)")
-    image = bench.push_standin()
-    job_vars = {
-        "llamafactory_image": image,
-        "preflight_smoke_test": False,  # the stand-in image has no torch
-        "llamafactory_train_overrides": {"max_steps": SCALE_STEPS, "save_steps": 40},
-        "_env": SCALE_ENV,
-    }
+    job_vars = _standin_setup(bench, counts[-1], "scale")
     # (The 2-VM cases are never stored under their own name: count 2 is measured in every
     # repetition, for the pairs.)
     todo = [
@@ -791,19 +785,6 @@ def scale(bench: BenchCluster, results: Results, reps: int) -> None:
         for count in counts
         if not all(results.has("scale", case, "N VMs", rep) for case in _scale_cases(count))
     ]
-    # Every VM set up (Docker's settings, the stand-in's image pulled) by one unmeasured launch
-    # on all of them first: each count then measures a new job on prepared nodes, as after any
-    # first run, not the first-time setup of the VMs it adds.
-    warm = bench.train(
-        bench.inventory(counts[-1]),
-        f"scale-warm-n{counts[-1]}",
-        f"scale: every VM set up ({counts[-1]})",
-        3600,
-        launch_wait=False,
-        **dict(job_vars),
-    )
-    if warm["rc"] != 0:
-        raise BenchError(f"scale: the set-up launch failed: {warm['output'][-1500:]}")
     for rep in range(1, reps + 1):
         measured, saved = {}, set()
         for count in counts if rep % 2 else list(reversed(counts)):
@@ -837,6 +818,29 @@ def scale(bench: BenchCluster, results: Results, reps: int) -> None:
                 results.add_many(items)
 
 
+def _standin_setup(bench: BenchCluster, count: int, name: str) -> dict:
+    """The stand-in's job settings, after every VM is set up (Docker's settings, the stand-in's
+    image pulled) by one unmeasured launch on the first `count`: each measured run is then a new
+    job on prepared nodes, as after any first run, not the first-time setup of the VMs."""
+    job_vars = {
+        "llamafactory_image": bench.push_standin(),
+        "preflight_smoke_test": False,  # the stand-in image has no torch
+        "llamafactory_train_overrides": {"max_steps": SCALE_STEPS, "save_steps": 40},
+        "_env": SCALE_ENV,
+    }
+    warm = bench.train(
+        bench.inventory(count),
+        f"{name}-warm-n{count}",
+        f"{name}: every VM set up ({count})",
+        3600,
+        launch_wait=False,
+        **dict(job_vars),
+    )
+    if warm["rc"] != 0:
+        raise BenchError(f"{name}: the set-up launch failed: {warm['output'][-1500:]}")
+    return job_vars
+
+
 SCALE_FIGURES = (
     "launch, detached (s)",
     "launch: controller CPU s per VM",
@@ -860,35 +864,13 @@ def _scale_once(bench: BenchCluster, count: int, rep: int, job_vars: dict) -> di
     # profile_tasks (its recap at the end) on the launch and the fault: where the time goes.
     profiled = dict(job_vars, _env={**job_vars["_env"], **scale_profile_env()})
     busy_before = machine_busy_s()
-    launched = bench.train(inventory, job, f"{label}: launch", 3600, launch_wait=False, **profiled)
-    busy = machine_busy_s() - busy_before
-    if launched["rc"] != 0:
-        raise BenchError(f"{label}: the launch failed: {launched['output'][-1500:]}")
-    waited = bench.train(
-        inventory, job, f"{label}: wait", 1800, _playbook="playbooks/wait.yml", **dict(job_vars)
-    )
-    if waited["rc"] != 0 or f"job {job} finished" not in waited["output"]:
-        raise BenchError(f"{label}: the wait failed: {waited['output'][-1500:]}")
+    launched = _launched_and_waited(bench, inventory, job, label, profiled, job_vars)
+    busy = launched.pop("busy_s") - busy_before
+    waited = launched.pop("waited")
     rerun = bench.train(inventory, job, f"{label}: re-run", 1800, **dict(job_vars))
     if rerun["rc"] != 0 or changed_tasks(rerun["output"]) != 0:
         raise BenchError(f"{label}: the re-run failed or changed: {rerun['output'][-1500:]}")
-    # The profile's fault, named by the preflight after every task before it (its probes run
-    # in the stand-in's image): a job of its own on the same VMs.
-    fault = FAULTS[PROFILE_FAULT]
-    faulty = bench.train(
-        inventory,
-        f"scale-fault-n{count}-r{rep}",
-        f"{label}: {PROFILE_FAULT}",
-        1800,
-        _watch=fault["expect"],
-        **profiled,
-        **fault["vars"],
-        # Detached: a bridge-networked job's wait would need a fork per node (validation
-        # refuses it with 5 forks); the preflight runs before the launch either way.
-        launch_wait=False,
-    )
-    if faulty["rc"] == 0 or faulty["seen_s"] is None:
-        raise BenchError(f"{label}: {fault['expect']} was not named: {faulty['output'][-1500:]}")
+    faulty = _fault_named(bench, inventory, f"scale-fault-n{count}-r{rep}", label, profiled)
     figures = {
         "launch, detached (s)": round(launched["seconds"], 1),
         "launch: controller CPU s per VM": round(launched["cpu_s"] / count, 2),
@@ -916,6 +898,97 @@ def _scale_once(bench: BenchCluster, count: int, rep: int, job_vars: dict) -> di
         },
     }
     return figures
+
+
+def _launched_and_waited(
+    bench: BenchCluster, inventory: Path, job: str, label: str, launch_vars: dict, wait_vars: dict
+) -> dict:
+    """A detached launch of `job`, then playbooks/wait.yml until it finishes: the launch's run
+    (rc, seconds, cpu_s...) with busy_s (machine_busy_s() when it ended) and waited (the wait's)."""
+    launched = bench.train(
+        inventory, job, f"{label}: launch", 3600, launch_wait=False, **launch_vars
+    )
+    launched["busy_s"] = machine_busy_s()
+    if launched["rc"] != 0:
+        raise BenchError(f"{label}: the launch failed: {launched['output'][-1500:]}")
+    waited = bench.train(
+        inventory, job, f"{label}: wait", 1800, _playbook="playbooks/wait.yml", **dict(wait_vars)
+    )
+    if waited["rc"] != 0 or f"job {job} finished" not in waited["output"]:
+        raise BenchError(f"{label}: the wait failed: {waited['output'][-1500:]}")
+    launched["waited"] = waited
+    return launched
+
+
+def _fault_named(
+    bench: BenchCluster, inventory: Path, job: str, label: str, job_vars: dict
+) -> dict:
+    """The profile's fault, named by the preflight after every task before it (its probes run in
+    the stand-in's image): a job of its own on the same VMs, until the preflight names it."""
+    fault = FAULTS[PROFILE_FAULT]
+    faulty = bench.train(
+        inventory,
+        job,
+        f"{label}: {PROFILE_FAULT}",
+        1800,
+        _watch=fault["expect"],
+        **job_vars,
+        **fault["vars"],
+        # Detached: a bridge-networked job's wait would need a fork per node (validation
+        # refuses it with 5 forks); the preflight runs before the launch either way.
+        launch_wait=False,
+    )
+    if faulty["rc"] == 0 or faulty["seen_s"] is None:
+        raise BenchError(f"{label}: {fault['expect']} was not named: {faulty['output'][-1500:]}")
+    return faulty
+
+
+# Ansible's default, and the repository's ansible.cfg.
+FORKS_VARIANTS = {"5 forks": "5", "25 forks": "25"}
+FORKS_FIGURES = (
+    "launch, detached (s)",
+    "launch: controller CPU s per VM",
+    "time to a named cause (s)",
+)
+
+
+def forks(bench: BenchCluster, results: Results, reps: int) -> None:
+    """The stand-in job on every VM of the bench cluster (--nodes) with Ansible's default 5
+    forks and with 25 (the repository's ansible.cfg), alternating which runs first: a detached
+    launch (then waited for, unmeasured) and the profile's fault until the preflight names it."""
+    _become_subreaper()
+    count = len(bench.nodes)
+    inventory = bench.inventory(count)
+    job_vars = _standin_setup(bench, count, "forks")
+    for rep in range(1, reps + 1):
+        order = list(FORKS_VARIANTS) if rep % 2 else list(reversed(FORKS_VARIANTS))
+        for variant in order:
+            cases = [f"{name}, {count} VMs" for name in FORKS_FIGURES]
+            if all(results.has("forks", case, variant, rep) for case in cases):
+                continue
+            settle(threshold=RERUN_REST, quiet_s=5, max_s=60)
+            run_vars = dict(job_vars, _env={**SCALE_ENV, "ANSIBLE_FORKS": FORKS_VARIANTS[variant]})
+            slug_ = variant.split()[0]
+            label = f"forks {variant} {count} VMs {rep}"
+            launched = _launched_and_waited(
+                bench, inventory, f"forks-f{slug_}-r{rep}", label, run_vars, job_vars
+            )
+            faulty = _fault_named(bench, inventory, f"forks-fault-f{slug_}-r{rep}", label, run_vars)
+            figures = dict(
+                zip(
+                    cases,
+                    (
+                        round(launched["seconds"], 1),
+                        round(launched["cpu_s"] / count, 2),
+                        round(faulty["seen_s"], 1),
+                    ),
+                    strict=True,
+                )
+            )
+            say(f"{label}: {figures}")
+            results.add_many(
+                [("forks", case, variant, rep, {"value": value}) for case, value in figures.items()]
+            )
 
 
 def scale_profile_env() -> dict:

@@ -208,6 +208,51 @@ def test_a_scale_count_that_fails_keeps_the_smaller_ones(tmp_path, monkeypatch):
     assert {m["case"] for m in saved} == {f"{name}, 8 VMs" for name in runs.SCALE_FIGURES}
 
 
+class ForksBench(ScaleBench):
+    """The scale bench whose runs take 10 s per fork setting (5 forks: 50 s) and name the fault."""
+
+    def train(self, inventory, job, label, _deadline, **extra):
+        forks = int(extra.get("_env", {}).get("ANSIBLE_FORKS", 0))
+        self.trained.append((job, forks, extra.get("_playbook", "playbooks/train.yml")))
+        return {
+            "rc": 1 if "fault" in job else 0,
+            "seconds": 10.0 * forks,
+            "cpu_s": 16.0 * forks,
+            "seen_s": 2.0 * forks,
+            "output": f"job {job} finished",
+        }
+
+
+def test_the_forks_series_alternates_5_and_25_forks_on_every_vm(tmp_path, monkeypatch):
+    monkeypatch.setattr(runs, "_become_subreaper", lambda: None)
+    monkeypatch.setattr(runs, "settle", lambda **_kw: 0.0)
+    results = Results(tmp_path)
+    bench = ForksBench()
+    runs.forks(bench, results, reps=2)
+    launches = [(job, forks) for job, forks, playbook in bench.trained if "wait" not in playbook]
+    assert launches == [
+        ("forks-warm-n16", 5),  # every VM set up first, with Ansible's default
+        ("forks-f5-r1", 5),
+        ("forks-fault-f5-r1", 5),
+        ("forks-f25-r1", 25),
+        ("forks-fault-f25-r1", 25),
+        ("forks-f25-r2", 25),  # the second repetition begins with the other
+        ("forks-fault-f25-r2", 25),
+        ("forks-f5-r2", 5),
+        ("forks-fault-f5-r2", 5),
+    ]
+    rows = {(m["case"], m["variant"], m["rep"]): m["value"] for m in results.measurements}
+    assert rows["launch, detached (s), 16 VMs", "25 forks", 2] == 250.0
+    assert rows["launch: controller CPU s per VM, 16 VMs", "5 forks", 1] == 5.0
+    assert rows["time to a named cause (s), 16 VMs", "5 forks", 1] == 10.0
+    table = (tmp_path / "results.md").read_text()
+    assert "| launch, detached (s), 16 VMs | 50.0 (50.0-50.0) | 250.0 (250.0-250.0) | 5.00" in table
+    # A resumed run measures nothing more.
+    bench = ForksBench()
+    runs.forks(bench, Results(tmp_path, resume=True), reps=2)
+    assert [job for job, _f, _p in bench.trained] == ["forks-warm-n16"]
+
+
 def test_the_rerun_compares_2_vms_with_8_in_a_larger_cluster_too(tmp_path, monkeypatch):
     """With --nodes 32 (the scale series in the same invocation) the 8-VM re-run is the 8 VMs
     that trained, not the whole cluster."""
