@@ -322,8 +322,10 @@ def test_a_second_run_changes_nothing(e2e):
     }
     assert (
         not {
-            "Pull the image",
-            "Launch, wait, and restart after a failure a restart can cure (launch_max_restarts)",
+            "Stop the ranks that still run, pull the image, write the launch's files, restore a "
+            "checkpoint part, fetch the Hub (where due)",
+            "Launch and wait",
+            "Restart after a failure a restart can cure, and wait again (launch_max_restarts)",
             "Launch",
             "Wait and judge",
             "Look at every rank after the wait (stopping what still runs after a failure)",
