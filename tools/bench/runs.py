@@ -863,10 +863,7 @@ def _scale_once(bench: BenchCluster, count: int, rep: int, job_vars: dict) -> di
     label = f"scale {count} VMs {rep}"
     # profile_tasks (its recap at the end) on the launch and the fault: where the time goes.
     profiled = dict(job_vars, _env={**job_vars["_env"], **scale_profile_env()})
-    busy_before = machine_busy_s()
-    launched = _launched_and_waited(bench, inventory, job, label, profiled, job_vars)
-    busy = launched.pop("busy_s") - busy_before
-    waited = launched.pop("waited")
+    launched, busy, waited = _launched_and_waited(bench, inventory, job, label, profiled, job_vars)
     rerun = bench.train(inventory, job, f"{label}: re-run", 1800, **dict(job_vars))
     if rerun["rc"] != 0 or changed_tasks(rerun["output"]) != 0:
         raise BenchError(f"{label}: the re-run failed or changed: {rerun['output'][-1500:]}")
@@ -902,13 +899,14 @@ def _scale_once(bench: BenchCluster, count: int, rep: int, job_vars: dict) -> di
 
 def _launched_and_waited(
     bench: BenchCluster, inventory: Path, job: str, label: str, launch_vars: dict, wait_vars: dict
-) -> dict:
+) -> tuple[dict, float, dict]:
     """A detached launch of `job`, then playbooks/wait.yml until it finishes: the launch's run
-    (rc, seconds, cpu_s...) with busy_s (machine_busy_s() when it ended) and waited (the wait's)."""
+    (rc, seconds, cpu_s...), the machine's busy CPU seconds during it, and the wait's run."""
+    busy_before = machine_busy_s()
     launched = bench.train(
         inventory, job, f"{label}: launch", 3600, launch_wait=False, **launch_vars
     )
-    launched["busy_s"] = machine_busy_s()
+    busy = machine_busy_s() - busy_before
     if launched["rc"] != 0:
         raise BenchError(f"{label}: the launch failed: {launched['output'][-1500:]}")
     waited = bench.train(
@@ -916,8 +914,7 @@ def _launched_and_waited(
     )
     if waited["rc"] != 0 or f"job {job} finished" not in waited["output"]:
         raise BenchError(f"{label}: the wait failed: {waited['output'][-1500:]}")
-    launched["waited"] = waited
-    return launched
+    return launched, busy, waited
 
 
 def _fault_named(
@@ -970,7 +967,7 @@ def forks(bench: BenchCluster, results: Results, reps: int) -> None:
             run_vars = dict(job_vars, _env={**SCALE_ENV, "ANSIBLE_FORKS": FORKS_VARIANTS[variant]})
             slug_ = variant.split()[0]
             label = f"forks {variant} {count} VMs {rep}"
-            launched = _launched_and_waited(
+            launched, _busy, _waited = _launched_and_waited(
                 bench, inventory, f"forks-f{slug_}-r{rep}", label, run_vars, job_vars
             )
             faulty = _fault_named(bench, inventory, f"forks-fault-f{slug_}-r{rep}", label, run_vars)
