@@ -187,8 +187,8 @@ def test_a_job_past_its_time_limit_stops_without_the_controller_and_its_vms_stop
 def test_a_stopped_vm_is_started_the_job_resumes_and_the_vms_stop_when_done(
     train_cluster, test_cluster, box, bucket, tmp_path
 ):
-    """A VM whose disk is wiped and which is then stopped through the API mid-training (the
-    box's preemption of a VM that comes back on a fresh disk) with
+    """A VM whose rank is frozen, its disk wiped, and which is then stopped through the API
+    mid-training (the box's preemption of a VM that comes back on a fresh disk) with
     gcp_instances_restart_stopped and llamafactory_output_uri: started again, its part of the
     checkpoint complete in the bucket downloaded, the job resumes from it and finishes;
     gcp_instances_when_done: stop then TERMINATES both VMs once the results are on the
@@ -198,7 +198,7 @@ def test_a_stopped_vm_is_started_the_job_resumes_and_the_vms_stop_when_done(
     inventory, vms = train_cluster
     job = "e2e-vm"
     forget_job(vms, job)
-    longer = {"max_steps": 60, "save_steps": 10}
+    longer = {"max_steps": 100, "save_steps": 10}
     outcome = {}
 
     def run():
@@ -214,7 +214,7 @@ def test_a_stopped_vm_is_started_the_job_resumes_and_the_vms_stop_when_done(
             llamafactory_train_overrides=longer,
             # Each checkpoint in the bucket within seconds: the VM stops mid-training.
             gcs_outputs_interval_s=2,
-            # The wait for a checkpoint, the stop, the restart and 60 steps: one run.
+            # The wait for a checkpoint, the stop, the restart and 100 steps: one run.
             timeout=1500,
             **OUTPUTS,
         )
@@ -222,6 +222,15 @@ def test_a_stopped_vm_is_started_the_job_resumes_and_the_vms_stop_when_done(
     thread = threading.Thread(target=run)
     thread.start()
     try:
+        # Rank 1 frozen once past its first checkpoint, so that the job cannot end before its VM
+        # stops, however fast the machine trains (the sync service beside it goes on).
+        later = f"ls {JOBS}/{job}/output | grep -qx 'checkpoint-[2-9]0'"
+        wait_until(
+            lambda: not thread.is_alive() or vms[1].sh(later, check=False).returncode == 0,
+            600,
+            "rank 1 past its first checkpoint",
+        )
+        vms[1].sh(f"docker pause llamafactory-{job}", check=False)
         prefix = OUTPUTS["llamafactory_output_uri"].split("/", 3)[3] + f"/{job}/checkpoints/"
         complete = wait_until(
             lambda: not thread.is_alive() or bucket.complete_checkpoints(prefix),
@@ -248,7 +257,7 @@ def test_a_stopped_vm_is_started_the_job_resumes_and_the_vms_stop_when_done(
         assert f"resuming from checkpoint-{resumed_at} (from the bucket on {vms[1].name})" in text
         log = (tmp_path / "results" / job / "trainer_log.jsonl").read_text().splitlines()
         steps = [json.loads(line)["current_steps"] for line in log if line.strip()]
-        assert steps.count(1) == 1 and steps[-1] == 60  # resumed, not started over
+        assert steps.count(1) == 1 and steps[-1] == longer["max_steps"]  # resumed, not started over
         again = next(i for i in range(1, len(steps)) if steps[i] < steps[i - 1])
         assert steps[again] == resumed_at + 1  # the first resumed step
         for vm in vms:
@@ -301,7 +310,8 @@ def test_a_stopped_vm_is_started_the_job_resumes_and_the_vms_stop_when_done(
         **OUTPUTS,
     )
     assert rc != 0
-    assert f"job {job} finished: 60 steps" in said(events)  # a finished job, reported at once
+    # A finished job, reported at once.
+    assert f"job {job} finished: {longer['max_steps']} steps" in said(events)
     message = failures["vm0"]["msg"]
     assert "not deleted: it lacks the labels that make it this job's own" in message
     assert f"llamafactory-job={job} (has none)" in message

@@ -9,8 +9,9 @@ same run (gcp_instances_when_done: delete). down.yml is tested over the fake API
 import json
 import threading
 
+import docker
 import pytest
-from conftest import TRAIN, run_playbook, said, wait_until
+from conftest import JOBS, TRAIN, run_playbook, said, wait_until
 from localcluster import box_api, cluster, registry, spec, train_image
 
 pytestmark = pytest.mark.cluster  # brings up a local cluster
@@ -101,8 +102,9 @@ def test_quota_first_then_the_zone_with_room_and_a_rerun_changes_nothing(zero, t
 
 
 def test_a_spot_vm_deleted_by_preemption_is_created_again_and_the_job_resumes(zero, tmp_path):
-    """train.yml creates the group when the test before did not; rank 1's VM is preempted with
-    DELETE once a checkpoint is complete in the bucket: the restart names the preemption,
+    """train.yml creates the group when the test before did not; rank 1 is frozen past its
+    first checkpoint and its VM preempted with DELETE once that checkpoint is complete in the
+    bucket: the restart names the preemption,
     creates the VM again (same name and rank), sets it up and resumes from the bucket; at the
     end the same run deletes the VMs and the rule (gcp_instances_when_done: delete)."""
     definition, state, gce, storage, pull = zero
@@ -133,8 +135,25 @@ def test_a_spot_vm_deleted_by_preemption_is_created_again_and_the_job_resumes(ze
         )[0]
 
     results = tmp_path / "results"
+    client = cluster.client()
     thread = threading.Thread(target=run)
     thread.start()
+
+    # Rank 1 frozen once past its first checkpoint, so that the job cannot end before its VM is
+    # preempted, however fast the machine trains (the sync service beside it goes on).
+    def on_vm1(command):
+        """The command's exit code on rank 1's VM (None while train.yml has not created it)."""
+        try:
+            vm = client.containers.get(f"{definition.prefix()}-{GROUP}-1")
+            return vm.exec_run(["sh", "-c", command]).exit_code
+        except docker.errors.APIError:  # not there yet, or not running
+            return None
+
+    later = f"ls {JOBS}/{job}/output | grep -qx 'checkpoint-[2-9]0'"
+    wait_until(
+        lambda: not thread.is_alive() or on_vm1(later) == 0, 900, "rank 1 past its first checkpoint"
+    )
+    on_vm1(f"docker pause llamafactory-{job}")
     prefix = f"zero/{job}/checkpoints/"
     wait_until(
         lambda: not thread.is_alive() or storage.complete_checkpoints(prefix),
