@@ -373,6 +373,19 @@ def wait_until(predicate, seconds, what):
     raise AssertionError(f"not within {seconds} s: {what}")
 
 
+def assert_resumed(steps, resumed_at, lost, last):
+    """A trainer log (each line's current_steps) of a run resumed from checkpoint-`resumed_at`
+    after losing `lost` steps: one run from step 1, then the resumed one to the `last` step
+    (LLaMA-Factory appends on resume). The log drops back to resumed_at + 1 where steps were
+    lost, and goes straight on where the failure came right at the checkpoint."""
+    assert steps.count(1) == 1 and steps[-1] == last, steps  # resumed, not started over
+    again = next((i for i in range(1, len(steps)) if steps[i] < steps[i - 1]), None)
+    if lost:
+        assert again is not None and steps[again] == resumed_at + 1, (resumed_at, lost, steps)
+    else:
+        assert again is None and resumed_at + 1 in steps, (resumed_at, steps)
+
+
 def said(events):
     """Every task's msg and warnings (not wrapped as the callback prints them)."""
     found = []

@@ -11,7 +11,7 @@ import threading
 
 import docker
 import pytest
-from conftest import JOBS, TRAIN, run_playbook, said, wait_until
+from conftest import JOBS, TRAIN, assert_resumed, run_playbook, said, wait_until
 from localcluster import box_api, cluster, registry, spec, train_image
 
 pytestmark = pytest.mark.cluster  # brings up a local cluster
@@ -172,11 +172,11 @@ def test_a_spot_vm_deleted_by_preemption_is_created_again_and_the_job_resumes(ze
     assert f"{GROUP}-1: deleted" in text and "creating it again" in text
     restart = next(line for line in text.splitlines() if line.startswith("restart 1 of 1"))
     resumed_at = int(restart.split("resuming from checkpoint-")[1].split(",")[0])
+    lost = int(restart.split(", ")[-1].split(" steps lost")[0])
     assert f"{GROUP}-1: checkpoint-{resumed_at} restored from " in text
     log = (results / job / "trainer_log.jsonl").read_text().splitlines()
     steps = [json.loads(line)["current_steps"] for line in log if line.strip()]
-    again = next(i for i in range(1, len(steps)) if steps[i] < steps[i - 1])
-    assert steps[again] == resumed_at + 1 and steps[-1] == 120  # resumed, then finished
+    assert_resumed(steps, resumed_at, lost, 120)
     assert (results / job / "adapter" / "SHA256SUMS").is_file()
     assert any(n.startswith(f"zero/{job}/output/") for n in storage.objects(f"zero/{job}/"))
 
