@@ -22,6 +22,10 @@
   forks          the stand-in job on every VM (--nodes 32) with Ansible's default 5 forks and
                  with the repository's 25, alternating: a detached launch (its controller CPU
                  per VM) and the time until the preflight names a fault (bridge networking)
+  floor          tools/bench/floor.yml on 2 VMs and on every VM (--nodes 32), 5 forks,
+                 alternating: every task skipped, 10 controller-only tasks, 1, 2 and 4 module
+                 calls, 2 calls and a container per VM - the wall time, the controller's and
+                 the VMs' CPU per VM that any per-node play costs on this machine
   outputs        llamafactory_output_uri: the same 40-step job with and without it,
                  interleaved (mean step time), each checkpoint's seconds from saved to complete
                  in the box's bucket, and a 256 MB checkpoint part sent and restored
@@ -65,6 +69,7 @@ BENCHMARKS = [
     "profile",
     "scale",
     "forks",
+    "floor",
     "compare",
     "outputs",
     "hub",
@@ -109,6 +114,16 @@ NOTES = {
         "bench cluster, `ANSIBLE_FORKS=5` (Ansible's default) and `ANSIBLE_FORKS=25` (the "
         "repository's ansible.cfg), alternating which runs first, after the same unmeasured "
         "set-up launch. CPU: as table 10's. The VMs share the controller's 2 cores."
+    ),
+    "floor": (
+        "`tools/bench/floor.yml` through the bench cluster's GCP inventory, `ANSIBLE_FORKS=5`, "
+        "on 2 VMs and on every VM of the cluster, alternating which count runs first, after the "
+        "same unmeasured set-up launch as table 10's: every task skipped (the play's and the "
+        "inventory's own cost), ten `set_fact` tasks per VM in one include, 1, 2 and 4 "
+        "`ansible.builtin.command: /bin/true` calls per VM (become), and 2 calls with a "
+        "container of the stand-in's image started and removed (`docker run --rm`). CPU: the "
+        "controller's as table 10's, the VMs' from each VM's cgroup (every process in it: sshd, "
+        "the modules' Python, Docker). The VMs share the controller's 2 cores."
     ),
     "time-to-cause": (
         "Preflight: `train.yml` on the GCP path (the dynamic inventory, the firewall rule made "
@@ -297,8 +312,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument(
         "--nodes",
         type=int,
-        help="VMs of the bench cluster (default: 8 with rerun, profile, scale or forks, else 2; "
-        "scale runs every count up to it: --nodes 32; forks runs on all); vms: its largest "
+        help="VMs of the bench cluster (default: 8 with rerun, profile, scale, forks or floor, "
+        "else 2; scale runs every count up to it: --nodes 32; forks and floor run on all); vms: "
+        "its largest "
         "count (32)",
     )
     args = parser.parse_args(argv)
@@ -334,7 +350,7 @@ def main(argv: list[str] | None = None) -> int:
         cluster_benches = [b for b in selected if b not in ("demo", "hub", "vms", "preemption")]
         if cluster_benches:
             needed = 8 if {"rerun", "profile", "compare"} & set(selected) else 2
-            if {"scale", "forks"} & set(selected):
+            if {"scale", "forks", "floor"} & set(selected):
                 needed = max(needed, 8)
             nodes = args.nodes or needed
             if nodes < needed:
@@ -343,7 +359,7 @@ def main(argv: list[str] | None = None) -> int:
             bench.up()
             try:
                 # the real job, trained once
-                if set(cluster_benches) - {"scale", "forks", "outputs"}:
+                if set(cluster_benches) - {"scale", "forks", "floor", "outputs"}:
                     bench.ensure_trained(2, runs.BASE_JOB, deadline_s=1800)
                 if "time-to-cause" in selected:
                     runs.time_to_cause(bench, results, args.reps, args.cap)
@@ -359,6 +375,8 @@ def main(argv: list[str] | None = None) -> int:
                     runs.scale(bench, results, args.reps)
                 if "forks" in selected:
                     runs.forks(bench, results, args.reps)
+                if "floor" in selected:
+                    runs.floor(bench, results, args.reps)
                 if "compare" in selected:
                     runs.compare(bench, results, args.rerun_reps, args.compare, args.cap)
                 if "outputs" in selected:

@@ -32,6 +32,8 @@ COMPARISONS = {
     "scale": ("2 VMs", "N VMs", "value", "N VMs / 2 VMs"),
     # The largest count's launch and fault with Ansible's default forks and the repository's.
     "forks": ("5 forks", "25 forks", "value", "25 forks / 5 forks"),
+    # The floor: bare module calls, controller-only tasks and a container on 2 VMs and on N.
+    "floor": ("2 VMs", "N VMs", "value", "N VMs / 2 VMs"),
     # The scale series' launch and fault, task by task, at 2 VMs and the largest count.
     "profile-scale-launch": ("2 VMs", "N VMs", "seconds", "N VMs / 2 VMs"),
     "profile-scale-fault": ("2 VMs", "N VMs", "seconds", "N VMs / 2 VMs"),
@@ -66,6 +68,10 @@ TITLES = {
     "forks": (
         "22. Ansible's forks: the default 5 versus the repository's 25 (the stand-in job, every VM "
         "of the bench cluster)"
+    ),
+    "floor": (
+        "23. The floor of any per-node play on this machine: module calls, controller-only tasks "
+        "and a container on 2 VMs versus every VM of the bench cluster, 5 forks"
     ),
     "profile-rerun-cpu": (
         "11. The controller's CPU in a re-run (train.yml with the job finished, CPU s per task)"

@@ -988,6 +988,76 @@ def forks(bench: BenchCluster, results: Results, reps: int) -> None:
             )
 
 
+# The floor series: what any per-node play costs here, with nothing of the collection's.
+FLOOR_PLAYBOOK = ROOT / "tools" / "bench" / "floor.yml"
+FLOOR_CASES = {
+    "every task skipped": {"floor_calls": 0, "floor_local": False, "floor_container": False},
+    "10 controller-only tasks per VM": {
+        "floor_calls": 0,
+        "floor_local": True,
+        "floor_container": False,
+    },
+    "1 module call per VM": {"floor_calls": 1, "floor_local": False, "floor_container": False},
+    "2 module calls per VM": {"floor_calls": 2, "floor_local": False, "floor_container": False},
+    "4 module calls per VM": {"floor_calls": 4, "floor_local": False, "floor_container": False},
+    "2 module calls and a container per VM": {
+        "floor_calls": 2,
+        "floor_local": False,
+        "floor_container": True,
+    },
+}
+FLOOR_FIGURES = ("wall (s)", "controller CPU s per VM", "the VMs' CPU s per VM")
+
+
+def floor(bench: BenchCluster, results: Results, reps: int) -> None:
+    """tools/bench/floor.yml on 2 VMs and on every VM of the bench cluster (--nodes), 5 forks,
+    alternating which count runs first: module calls on every VM (ansible.builtin.command,
+    become), controller-only tasks, a container of the stand-in's image started and removed on
+    every VM - what a per-node design costs on this machine whatever the collection does."""
+    _become_subreaper()
+    count = len(bench.nodes)
+    job_vars = _standin_setup(bench, count, "floor")  # the image on every VM
+    counts = {"2 VMs": 2, "N VMs": count}
+    for rep in range(1, reps + 1):
+        for name, settings in FLOOR_CASES.items():
+            order = list(counts) if rep % 2 else list(reversed(counts))
+            for variant in order:
+                cases = [f"{name}: {figure}, {count} VMs" for figure in FLOOR_FIGURES]
+                if results.has("floor", cases[0], variant, rep):
+                    continue
+                settle(threshold=RERUN_REST, quiet_s=3, max_s=30)
+                vms = bench.nodes[: counts[variant]]
+                label = f"floor {name} {counts[variant]} VMs {rep}"
+                vms_before = vms_cpu_s(vms)
+                run = bench.train(
+                    bench.inventory(counts[variant]),
+                    "floor",
+                    label,
+                    900,
+                    _playbook=str(FLOOR_PLAYBOOK),
+                    _env=SCALE_ENV,
+                    floor_image=job_vars["llamafactory_image"],
+                    **settings,
+                )
+                vms_after = vms_cpu_s(vms)
+                if run["rc"] != 0:
+                    raise BenchError(f"{label}: rc {run['rc']}: {run['output'][-1500:]}")
+                vms_s = None if None in (vms_before, vms_after) else vms_after - vms_before
+                figures = (
+                    round(run["seconds"], 1),
+                    round(run["cpu_s"] / len(vms), 2),
+                    None if vms_s is None else round(vms_s / len(vms), 2),
+                )
+                say(f"{label}: {figures}")
+                results.add_many(
+                    [
+                        ("floor", case, variant, rep, {"value": value})
+                        for case, value in zip(cases, figures, strict=True)
+                        if value is not None
+                    ]
+                )
+
+
 def scale_profile_env() -> dict:
     """ansible.posix's profile_tasks alone (no CPU file), its recap in playbook order."""
     return {

@@ -253,6 +253,48 @@ def test_the_forks_series_alternates_5_and_25_forks_on_every_vm(tmp_path, monkey
     assert [job for job, _f, _p in bench.trained] == ["forks-warm-n16"]
 
 
+class FloorBench(ScaleBench):
+    """The scale bench whose floor runs take 1 s per VM and per module call, 1 CPU-s each."""
+
+    def __init__(self):
+        super().__init__()
+        self.nodes = [{"container": f"vm{i}"} for i in range(16)]
+
+    def train(self, inventory, job, _label, _deadline, **extra):
+        self.trained.append((inventory, job, extra.get("floor_calls")))
+        count = int(inventory.split("-n")[1].split(".")[0])
+        calls = extra.get("floor_calls", 0)
+        return {"rc": 0, "seconds": float(count * (calls + 1)), "cpu_s": float(count * calls)}
+
+
+def test_the_floor_series_alternates_2_and_every_vm_for_each_case(tmp_path, monkeypatch):
+    monkeypatch.setattr(runs, "_become_subreaper", lambda: None)
+    monkeypatch.setattr(runs, "settle", lambda **_kw: 0.0)
+    readings = iter(range(0, 1000, 8))  # the VMs' CPU grows by 8 s in each run
+    monkeypatch.setattr(runs, "vms_cpu_s", lambda vms: float(next(readings)))
+    results = Results(tmp_path)
+    bench = FloorBench()
+    runs.floor(bench, results, reps=2)
+    assert bench.trained[0] == ("bench-n16.gcp", "floor-warm-n16", None)  # every VM set up first
+    measured = [(inventory, calls) for inventory, job, calls in bench.trained[1:]]
+    assert len(measured) == 2 * 2 * len(runs.FLOOR_CASES)
+    assert measured[:2] == [("bench-n2.gcp", 0), ("bench-n16.gcp", 0)]
+    assert measured[12:14] == [("bench-n16.gcp", 0), ("bench-n2.gcp", 0)]  # the other first
+    rows = {(m["case"], m["variant"], m["rep"]): m["value"] for m in results.measurements}
+    assert rows["2 module calls per VM: wall (s), 16 VMs", "N VMs", 1] == 48.0
+    assert rows["2 module calls per VM: wall (s), 16 VMs", "2 VMs", 2] == 6.0
+    assert rows["4 module calls per VM: controller CPU s per VM, 16 VMs", "N VMs", 1] == 4.0
+    assert rows["1 module call per VM: the VMs' CPU s per VM, 16 VMs", "2 VMs", 1] == 4.0
+    assert rows["1 module call per VM: the VMs' CPU s per VM, 16 VMs", "N VMs", 1] == 0.5
+    table = (tmp_path / "results.md").read_text()
+    row = "| 2 module calls per VM: wall (s), 16 VMs | 6.0 (6.0-6.0) | 48.0 (48.0-48.0) | 8.00"
+    assert row in table
+    # A resumed run measures nothing more.
+    bench = FloorBench()
+    runs.floor(bench, Results(tmp_path, resume=True), reps=2)
+    assert [job for _i, job, _c in bench.trained] == ["floor-warm-n16"]
+
+
 def test_the_rerun_compares_2_vms_with_8_in_a_larger_cluster_too(tmp_path, monkeypatch):
     """With --nodes 32 (the scale series in the same invocation) the 8-VM re-run is the 8 VMs
     that trained, not the whole cluster."""
