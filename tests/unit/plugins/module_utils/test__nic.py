@@ -4,8 +4,12 @@ Each fixture holds a host's `ip -j` output and the cases to run against it; `sou
 it was captured on the local cluster or constructed in the same format.
 """
 
+import http.server
 import json
 import re
+import socket
+import threading
+import time
 from pathlib import Path
 
 import pytest
@@ -333,6 +337,70 @@ def test_always_without_a_machine_type_answer_is_an_error(dmi):
             opener=FakeMetadata({"ip": "10.128.0.5", "mac": "42:01:0a:80:00:05"}),
             dmi_path=dmi("Google Compute Engine"),
         )
+
+
+@pytest.fixture
+def metadata_server():
+    """A metadata server on loopback (the real one is GCE's): 200 with Metadata-Flavor for
+    instance/ keys, 301 for a directory without its slash, 404 otherwise."""
+
+    class Handler(http.server.BaseHTTPRequestHandler):
+        def do_GET(self):
+            answers = {
+                "/v1/instance/network-interfaces/0/ip": "10.128.0.5",
+                "/v1/instance/network-interfaces/0/mac": "42:01:0a:80:00:05",
+                "/v1/instance/machine-type": "projects/1/machineTypes/a3-megagpu-8g",
+            }
+            self.server.requests.append((self.path, self.headers.get("Metadata-Flavor")))
+            if self.path == "/v1/instance":
+                self.send_response(301)
+                self.send_header("Location", "/v1/instance/")
+                self.end_headers()
+                return
+            body = answers.get(self.path)
+            self.send_response(200 if body else 404)
+            self.send_header("Metadata-Flavor", "Google")
+            self.end_headers()
+            self.wfile.write((body or "not found").encode())
+
+        def log_message(self, *args):
+            pass
+
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+    server.requests = []
+    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread.start()
+    yield server
+    server.shutdown()
+    server.server_close()
+
+
+def test_the_metadata_server_is_asked_over_plain_http(metadata_server):
+    url = f"http://127.0.0.1:{metadata_server.server_port}/v1"
+    answer = nic_host.ask_metadata(url, 2.0, keys=("ip", "mac", "machine-type"))
+    assert answer == {
+        "ip": "10.128.0.5",
+        "mac": "42:01:0a:80:00:05",
+        "machine-type": "projects/1/machineTypes/a3-megagpu-8g",
+    }
+    assert {flavor for _path, flavor in metadata_server.requests} == {"Google"}
+    # A status other than 200 is the answer's error; a redirect is not followed.
+    missing = nic_host.ask_metadata(url + "/nothing", 2.0)
+    assert "HTTP Error 404" in missing["error"]
+    with pytest.raises(IOError, match="HTTP Error 301"):
+        nic_host._open_url(url + "/instance", {"Metadata-Flavor": "Google"}, 2.0)
+
+
+def test_an_unanswering_metadata_server_is_an_error_within_its_timeout():
+    # A listener that accepts and never answers: the timeout ends the question.
+    with socket.socket() as listener:
+        listener.bind(("127.0.0.1", 0))
+        listener.listen(1)
+        url = f"http://127.0.0.1:{listener.getsockname()[1]}/v1"
+        started = time.monotonic()
+        answer = nic_host.ask_metadata(url, 0.3)
+    assert "timed out" in answer["error"]
+    assert time.monotonic() - started < 5
 
 
 def test_sysfs_facts_read_pci_addresses_and_rdma_devices(tmp_path):
