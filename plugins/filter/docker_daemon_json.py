@@ -31,6 +31,13 @@ options:
     type: list
     elements: dict
     default: []
+  strict:
+    description:
+      - With V(false), a file or a value that would fail gives null instead: for a comparison
+        that must not fail (the docker_engine role asks whether a host is settled, then merges
+        again with V(true), where the error is reported).
+    type: bool
+    default: true
 """
 
 EXAMPLES = r"""
@@ -136,7 +143,16 @@ def _merge(base, extra):
     return merged
 
 
-def docker_daemon_json(current_text, settings, over=()):
+def docker_daemon_json(current_text, settings, over=(), strict=True):
+    try:
+        return _merged(current_text, settings, over)
+    except AnsibleFilterError:
+        if strict:
+            raise
+        return None
+
+
+def _merged(current_text, settings, over):
     settings = dict((k, v) for k, v in (settings or {}).items() if v is not None)
     for layer in over or ():
         settings = _merge(settings, layer or {})

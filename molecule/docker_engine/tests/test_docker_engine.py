@@ -2,8 +2,10 @@
 training container runs. Runs the role again through ansible-runner and asserts on its events."""
 
 import json
+import os
 from pathlib import Path
 
+import ansible_run
 import pytest
 from molecule_helpers import load_image, run_playbook
 
@@ -22,6 +24,26 @@ def dockerd_pid(host) -> str:
 
 def run_role(host, tmp_path, **extravars):
     return run_playbook(host, SCENARIO / "role.yml", tmp_path, **extravars)
+
+
+def run_role_after_facts(host, tmp_path, **extravars):
+    """The role after node_facts (as train.yml runs it): (rc, changed, messages, the names of
+    the tasks that ran or were skipped)."""
+    result = ansible_run.run(
+        tmp_path,
+        os.environ["MOLECULE_INVENTORY_FILE"],
+        playbook=SCENARIO / "role_after_facts.yml",
+        limit=host.backend.get_hostname(),
+        extravars=extravars,
+        timeout=900,
+    )
+    tasks = [
+        event["event_data"].get("task")
+        for event in result.events
+        if event.get("event") in ("runner_on_ok", "runner_on_skipped", "runner_on_failed")
+    ]
+    changed = sum(result.stats.get("changed", {}).values()) if result.stats else -1
+    return result.rc, changed, "\n".join(result.messages()), tasks
 
 
 def test_docker_is_installed_enabled_and_running(host):
@@ -109,4 +131,36 @@ def test_a_wrong_mode_alone_is_put_right(host, tmp_path):
     assert rc == 0 and changed >= 1
     config = host.file("/etc/docker/daemon.json")
     assert (config.user, config.group, config.mode) == ("root", "root", 0o644)
+    assert daemon_json(host) == before
+
+
+def test_a_host_in_place_read_by_node_facts_ends_the_role_at_once(host, tmp_path):
+    """After node_facts (train.yml's discovery) on a host with everything in place, the role
+    ends at its first task: no other task of it runs or is skipped on the node."""
+    rc, changed, _messages, tasks = run_role_after_facts(host, tmp_path)
+    assert rc == 0 and changed == 0
+    first = (
+        "Read the host as train.yml's discovery does (node_facts)",
+        "Run docker_engine",
+        "End here when the host is as it should be (from the fact docker_host)",
+    )
+    ran = [task for task in tasks if task not in first and not task.startswith("Validating arg")]
+    assert ran == []
+
+
+def test_a_host_read_by_node_facts_is_still_put_right(host, tmp_path):
+    """The same run puts right what differs: a mode changed by hand is written back, and a bad
+    setting fails before anything changes, naming the variable."""
+    before_pid, before = dockerd_pid(host), daemon_json(host)
+    bad = tmp_path / "bad"
+    bad.mkdir()
+    rc, _changed, messages, _tasks = run_role_after_facts(host, bad, docker_engine_bip="x")
+    assert rc != 0 and "'bip': 'x' must be the bridge's IPv4 address with a prefix" in messages
+    assert dockerd_pid(host) == before_pid and daemon_json(host) == before
+    host.check_output("chmod 0600 /etc/docker/daemon.json")
+    mode = tmp_path / "mode"
+    mode.mkdir()
+    rc, changed, messages, tasks = run_role_after_facts(host, mode)
+    assert rc == 0 and changed >= 1 and "Write daemon.json" in tasks, messages
+    assert host.file("/etc/docker/daemon.json").mode == 0o644
     assert daemon_json(host) == before

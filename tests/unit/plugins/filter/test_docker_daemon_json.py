@@ -91,3 +91,17 @@ def test_null_settings_are_left_out_and_the_layers_merge_over_them_key_by_key():
     # A layer's bad value is caught like the settings' own.
     with pytest.raises(AnsibleFilterError, match="max-file"):
         docker_daemon_json("", {"log-driver": "json-file"}, over=[{"log-opts": {"max-file": 3}}])
+
+
+@pytest.mark.parametrize(
+    ("current", "settings"),
+    [("[]", {}), ("{not json", {}), ("{}", {"bip": "x"})],
+    ids=["not an object", "not JSON", "a bad value"],
+)
+def test_not_strict_gives_null_where_strict_fails(current, settings):
+    with pytest.raises(AnsibleFilterError):
+        docker_daemon_json(current, settings)
+    assert docker_daemon_json(current, settings, strict=False) is None
+    assert docker_daemon_json("{}", {"bip": "172.31.0.1/16"}, strict=False) == {
+        "bip": "172.31.0.1/16"
+    }
