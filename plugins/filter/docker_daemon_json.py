@@ -33,7 +33,7 @@ options:
     default: []
   strict:
     description:
-      - With V(false), a file or a value that would fail gives null instead: for a comparison
+      - With V(false), a file or a value that would fail gives null instead, for a comparison
         that must not fail (the docker_engine role asks whether a host is settled, then merges
         again with V(true), where the error is reported).
     type: bool
