@@ -12,6 +12,13 @@ import ansible_run
 
 def run_playbook(host, playbook: Path, tmp_path: Path, **extravars) -> tuple[int, int, str]:
     """(return code, number of changed tasks, the msg of every failed or debug task)."""
+    return run_playbook_tasks(host, playbook, tmp_path, **extravars)[:3]
+
+
+def run_playbook_tasks(
+    host, playbook: Path, tmp_path: Path, **extravars
+) -> tuple[int, int, str, list[str]]:
+    """run_playbook's, and the names of the tasks that ran, were skipped or failed, in order."""
     result = ansible_run.run(
         tmp_path,
         os.environ["MOLECULE_INVENTORY_FILE"],
@@ -21,7 +28,12 @@ def run_playbook(host, playbook: Path, tmp_path: Path, **extravars) -> tuple[int
         timeout=900,
     )
     changed = sum(result.stats.get("changed", {}).values()) if result.stats else -1
-    return result.rc, changed, "\n".join(result.messages())
+    tasks = [
+        event["event_data"].get("task")
+        for event in result.events
+        if event.get("event") in ("runner_on_ok", "runner_on_skipped", "runner_on_failed")
+    ]
+    return result.rc, changed, "\n".join(result.messages()), tasks
 
 
 def load_image(host, image: str) -> None:

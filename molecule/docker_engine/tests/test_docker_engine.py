@@ -2,12 +2,10 @@
 training container runs. Runs the role again through ansible-runner and asserts on its events."""
 
 import json
-import os
 from pathlib import Path
 
-import ansible_run
 import pytest
-from molecule_helpers import load_image, run_playbook
+from molecule_helpers import load_image, run_playbook, run_playbook_tasks
 
 SCENARIO = Path(__file__).resolve().parents[1]
 MARKER = "/etc/docker/.hostnet-llamafactory-restart-pending"
@@ -27,23 +25,8 @@ def run_role(host, tmp_path, **extravars):
 
 
 def run_role_after_facts(host, tmp_path, **extravars):
-    """The role after node_facts (as train.yml runs it): (rc, changed, messages, the names of
-    the tasks that ran or were skipped)."""
-    result = ansible_run.run(
-        tmp_path,
-        os.environ["MOLECULE_INVENTORY_FILE"],
-        playbook=SCENARIO / "role_after_facts.yml",
-        limit=host.backend.get_hostname(),
-        extravars=extravars,
-        timeout=900,
-    )
-    tasks = [
-        event["event_data"].get("task")
-        for event in result.events
-        if event.get("event") in ("runner_on_ok", "runner_on_skipped", "runner_on_failed")
-    ]
-    changed = sum(result.stats.get("changed", {}).values()) if result.stats else -1
-    return result.rc, changed, "\n".join(result.messages()), tasks
+    """The role after node_facts, as train.yml runs it (run_playbook_tasks' answer)."""
+    return run_playbook_tasks(host, SCENARIO / "role_after_facts.yml", tmp_path, **extravars)
 
 
 def test_docker_is_installed_enabled_and_running(host):
