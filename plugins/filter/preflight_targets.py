@@ -24,8 +24,8 @@ options:
     type: list
     elements: str
     required: true
-  facts:
-    description: Host name to its C(primary_nic) fact (C(address) is used).
+  addresses:
+    description: Host name to its training address (the fact C(discover_network_addresses)).
     type: dict
     required: true
   master:
@@ -51,8 +51,8 @@ EXAMPLES = r"""
   ansible.builtin.set_fact:
     targets: >-
       {{ inventory_hostname | hostnet.llamafactory.preflight_targets(hosts=ansible_play_hosts,
-         facts=facts, master='vm0', master_addr='10.0.0.2', master_port=29500,
-         probe_port=49500) }}
+         addresses=discover_network_addresses, master='vm0', master_addr='10.0.0.2',
+         master_port=29500, probe_port=49500) }}
 """
 
 RETURN = r"""
@@ -65,11 +65,11 @@ _value:
 from ansible_collections.hostnet.llamafactory.plugins.plugin_utils import _preflight as preflight
 
 
-def preflight_targets(me, *, hosts, facts, master, master_addr, master_port, probe_port):
+def preflight_targets(me, *, hosts, addresses, master, master_addr, master_port, probe_port):
     return preflight.targets(
         me,
         hosts=hosts,
-        facts=facts,
+        addresses=addresses,
         master=master,
         master_addr=master_addr,
         master_port=master_port,

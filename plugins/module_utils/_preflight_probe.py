@@ -3,7 +3,8 @@
 # GNU General Public License v3.0+ (see LICENSE or https://www.gnu.org/licenses/gpl-3.0.txt)
 """The preflight's probe container on a node (the module preflight_probe): started with the
 job's network mode, image, volumes and GPUs, then signalled, its report read and the container
-removed. roles/preflight/files/preflight_probe.py (mode probe) runs inside."""
+removed. roles/preflight/files/preflight_probe.py (mode probe) runs inside. Rank 0's probe may
+hold the others' reports (its "gathered"): each is returned shaped as a node's own read."""
 
 from __future__ import absolute_import, division, print_function
 
@@ -72,6 +73,29 @@ def listener_state(container, lines, report):
     }
 
 
+def gathered_reads(report):
+    """The reports rank 0's probe gathered (popped from its `report`) -> {node: a read as
+    collect returns it}; their probes end on their own nodes once their peers reached them."""
+    found = report.pop("gathered", None) if report is not None else None
+    if not isinstance(found, dict):
+        return {}
+    return dict(
+        (
+            node,
+            dict(
+                changed=False,
+                container={"state": "gathered"},
+                log_lines=[],
+                report=theirs,
+                error="",
+                listener=listener_state({}, [], theirs),
+            ),
+        )
+        for node, theirs in found.items()
+        if isinstance(theirs, dict) and "results" in theirs
+    )
+
+
 def collect(docker, params, check_mode, clock=time.time, sleep=time.sleep):
     """Signal the probe, wait (at most O(wait) s) for its report, then remove its container
     (see END_GRACE_S). Raises DockerError."""
@@ -86,6 +110,7 @@ def collect(docker, params, check_mode, clock=time.time, sleep=time.sleep):
             report=None,
             error="no probe container %s on this node: its start failed" % name,
             listener=listener_state(container, [], None),
+            gathered={},
         )
     if _running(raw) and not check_mode:
         docker.kill_container(name, GO)
@@ -94,6 +119,7 @@ def collect(docker, params, check_mode, clock=time.time, sleep=time.sleep):
         lines = _lines(docker, name, tail)
         report = _report(lines)
         if report is not None or not _running(raw) or clock() >= deadline:
+            gathered = gathered_reads(report)
             break
         sleep(POLL_S)
         raw = docker.inspect_container(name) or {}
@@ -118,6 +144,7 @@ def collect(docker, params, check_mode, clock=time.time, sleep=time.sleep):
         report=report,
         error=error,
         listener=listener_state(container, lines, report),
+        gathered=gathered,
     )
 
 

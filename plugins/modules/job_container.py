@@ -83,6 +83,12 @@ options:
     description: The container's labels.
     type: dict
     default: {}
+  remove:
+    description: Other containers removed first, where there are any (the preflight's probe,
+      ended on this node after rank 0 read its report), in the same call.
+    type: list
+    elements: str
+    default: []
 extends_documentation_fragment:
   - hostnet.llamafactory.docker
 attributes:
@@ -143,6 +149,7 @@ def main():
             env_file=dict(type="path"),
             ulimits=dict(type="list", elements="str", default=[]),
             devices=dict(type="list", elements="str", default=[]),
+            remove=dict(type="list", elements="str", default=[]),
             **DOCKER_OPTIONS,
         ),
         supports_check_mode=True,
@@ -159,7 +166,10 @@ def main():
     if module.check_mode:
         module.exit_json(changed=True, container_id=None)
     try:
-        found = container.replace(DockerAPI.from_params(params), params["name"], body)
+        docker = DockerAPI.from_params(params)
+        for other in params["remove"]:
+            docker.remove_container(other)
+        found = container.replace(docker, params["name"], body)
     except DockerError as exc:
         module.fail_json(msg="container %s: %s" % (params["name"], exc))
     module.exit_json(changed=True, container_id=found)

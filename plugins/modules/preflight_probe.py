@@ -22,6 +22,11 @@ description:
     connection is final), waits at most O(wait) seconds for its JSON report, and removes the
     container - after at most 2 s more when every target answered (it ends as soon as its
     peers reached it), at once when it found a problem (the preflight stops).
+  - Rank 0's probe may gather the others' reports (the probe's C(--collect); the others'
+    C(--collector) take their go from it) - its read returns them in RV(gathered), and the role
+    reads by itself only the nodes rank 0 did not hear from. The probe of a node rank 0 heard
+    from ends on its own; the rank's start removes it
+    (O(hostnet.llamafactory.job_container#module:remove)).
   - Why not M(community.docker.docker_container) - the preflight ran a listener and a probe
     container per node, started, waited for and removed in four tasks; on 32 nodes with
     Ansible's default forks they were half of the time until a fault was named
@@ -172,6 +177,12 @@ error:
 listener:
   description: The listener as the preflight's findings read it - C(state), C(exit_code),
     C(log_lines) (a port it could not listen on), C(error).
+  returned: state=collected
+  type: dict
+gathered:
+  description: The reports rank 0's probe gathered, by node, each shaped as that node's own read
+    (RV(report), RV(error), RV(listener), RV(container) C({state - gathered}), RV(log_lines));
+    empty when it gathered none.
   returned: state=collected
   type: dict
 container:

@@ -64,11 +64,11 @@ def parse(result):
     return {"report": None, "error": " ".join(str(error).split())[:500]}
 
 
-def targets(me, hosts, facts, master, master_addr, master_port, probe_port):
+def targets(me, hosts, addresses, master, master_addr, master_port, probe_port):
     """What node `me` probes: every other node's training address on the high port, and
-    MASTER_ADDR:MASTER_PORT unless `me` is the master. facts: host -> its primary_nic fact."""
+    MASTER_ADDR:MASTER_PORT unless `me` is the master. addresses: host -> its training address."""
     found = [
-        {"node": host, "address": facts[host]["address"], "port": int(probe_port)}
+        {"node": host, "address": addresses[host], "port": int(probe_port)}
         for host in hosts
         if host != me
     ]

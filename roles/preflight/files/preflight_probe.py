@@ -8,11 +8,18 @@ launch's network mode (so it sees what a rank would see).
       [{"node", "address", "port"}], retrying refusals until S; print one JSON report
   preflight_probe.py probe --name NODE --ports P [P...] --expect N [N...] --bind ADDR
                            --targets JSON --timeout S --seconds T [--disk PATH]
+                           [--collect PORT | --collector ADDR:PORT]
       both in one process (the preflight's one container per node, started on every node
       before any is read): listen, reach every target - refusals retried until S seconds after
-      SIGUSR1 (sent once every node's probe runs), a timeout final after S - print the report
-      (a port it could not listen on in "listen_error"), then answer until each port has had
-      its N connections, once SIGUSR1 came, or T seconds passed
+      the go (SIGUSR1, sent once every node's probe runs), a timeout final after S - print the
+      report (a port it could not listen on in "listen_error"), then answer until each port has
+      had its N connections, once the go came, or T seconds passed.
+      Rank 0's probe (--collect PORT) gathers the others' reports: each (--collector) says hello
+      to it from the start, takes its go from it (rank 0's SIGUSR1, passed on) and sends its
+      report back; rank 0's report holds them ("gathered"), so the controller reads one node.
+      One whose report rank 0 has ends at the latest 2 s after the go's timeout (every peer's
+      reach is final by then). A probe that cannot reach the collector still prints its report
+      and takes its go by SIGUSR1, to be read by itself.
 
 Stdlib only: it runs in whatever image the job uses.
 """
@@ -77,33 +84,236 @@ class Listener:
             server.close()
 
 
-def probe(name, bind, targets, timeout, disk, gpus, ports, expect, seconds):
+class Collector:
+    """Rank 0's side of the gathering: every other probe says hello on `port`, gets the go on
+    the same connection once this probe has it, and sends its report back."""
+
+    def __init__(self, port, expected, go):
+        self.expected = set(expected)
+        self.go = go  # set by this probe's SIGUSR1
+        self.lock = threading.Lock()
+        self.registered = set()
+        self.reports = {}
+        self.stop = threading.Event()
+        self.server = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+        self.server.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        try:
+            self.server.bind(("0.0.0.0", port))  # noqa: S104 (every node's NIC, bridge included)
+        except OSError:
+            self.server.close()
+            raise
+        self.server.listen(256)
+        self.server.settimeout(0.2)
+        threading.Thread(target=self._accept, daemon=True).start()
+
+    def _accept(self):
+        while not self.stop.is_set():
+            try:
+                connection, _peer = self.server.accept()
+            except OSError:
+                continue
+            threading.Thread(target=self._serve, args=(connection,), daemon=True).start()
+
+    def _serve(self, connection):
+        with contextlib.closing(connection):
+            connection.settimeout(5)
+            stream = connection.makefile("rwb")
+            try:
+                name = json.loads(stream.readline() or b"{}").get("hello")
+                if name not in self.expected:
+                    return
+                with self.lock:
+                    self.registered.add(name)
+                while not self.go.is_set():
+                    if self.stop.is_set():
+                        return
+                    self.go.wait(0.2)
+                stream.write(b'{"go": true}\n')
+                stream.flush()
+                connection.settimeout(None if self.stop.is_set() else 60)
+                report = json.loads(stream.readline() or b"{}").get("report")
+                if not isinstance(report, dict):
+                    return
+                with self.lock:
+                    self.reports.setdefault(name, report)
+                stream.write(b'{"ok": true}\n')
+                stream.flush()
+            except (OSError, ValueError):
+                return
+
+    def settled(self, now, go_at, timeout):
+        """Every peer reported; or, 2 s after the go, every peer that said hello did (the
+        others cannot reach rank 0: they are read by themselves); or the go's timeout passed."""
+        with self.lock:
+            if set(self.reports) >= self.expected:
+                return True
+            if now >= go_at + 2 and set(self.reports) >= self.registered:
+                return True
+        return now >= go_at + timeout + 2
+
+    def gathered(self):
+        with self.lock:
+            return dict(self.reports)
+
+    def close(self):
+        self.stop.set()
+        self.server.close()
+
+
+def _line(connection, until):
+    """One line read from `connection` (bytes, without its newline) before `until`; None when the
+    peer closed or the time passed."""
+    data = b""
+    while b"\n" not in data:
+        left = until - time.time()
+        if left <= 0:
+            return None
+        connection.settimeout(min(left, 1.0))
+        try:
+            chunk = connection.recv(65536)
+        except socket.timeout:  # noqa: UP041 (not TimeoutError before Python 3.10)
+            continue
+        if not chunk:
+            return None
+        data += chunk
+    return data.split(b"\n", 1)[0]
+
+
+class Courier:
+    """A probe's side of the gathering: hello to rank 0's collector (retried until `deadline`),
+    the go from it, then this probe's report once it is given. `delivered` once rank 0
+    acknowledged it; `went` once the go came this way (the report is on its way)."""
+
+    def __init__(self, collector, name, go, deadline):
+        host, _colon, port = collector.rpartition(":")
+        self.address = (host, int(port))
+        self.name, self.go, self.deadline = name, go, deadline
+        self.report = []
+        self.went = threading.Event()
+        self.delivered = False
+        self.thread = threading.Thread(target=self._run, daemon=True)
+        self.thread.start()
+
+    def _run(self):
+        while time.time() < self.deadline and not self.delivered:
+            try:
+                connection = socket.create_connection(self.address, timeout=3)
+            except OSError:
+                time.sleep(0.3)
+                continue
+            with contextlib.closing(connection):
+                try:
+                    self._once(connection)
+                except (OSError, ValueError):
+                    time.sleep(0.3)
+            if self.went.is_set():
+                return  # the go came this way; the report went or could not: not again
+
+    def _once(self, connection):
+        connection.sendall((json.dumps({"hello": self.name}) + "\n").encode())
+        line = _line(connection, self.deadline)
+        if line is None or not json.loads(line).get("go"):
+            return
+        self.went.set()
+        self.go.set()
+        while not self.report and time.time() < self.deadline:
+            time.sleep(0.05)
+        if not self.report:
+            return
+        connection.sendall((json.dumps({"report": self.report[0]}) + "\n").encode())
+        answer = _line(connection, time.time() + 10)
+        self.delivered = answer is not None and bool(json.loads(answer).get("ok"))
+
+    def send(self, report):
+        self.report.append(report)
+
+    def finish(self):
+        """Wait for the report's delivery when the go came this way (at most 10 s more)."""
+        if self.went.is_set():
+            self.thread.join(12)
+
+
+class Go:
+    """When every node's probe runs: SIGUSR1 here, or the collector's word (an Event with the
+    time it was set)."""
+
+    def __init__(self):
+        self.event = threading.Event()
+        self.at = None
+
+    def set(self):
+        if self.at is None:
+            self.at = time.time()
+        self.event.set()
+
+    def is_set(self):
+        return self.event.is_set()
+
+    def wait(self, seconds):
+        return self.event.wait(seconds)
+
+
+def probe(
+    name, bind, targets, timeout, disk, gpus, ports, expect, seconds, collect=None, collector=None
+):
     """The listener and the connect in one process; see the module docstring."""
     started = time.time()
-    go = []  # the time SIGUSR1 came
-    signal.signal(signal.SIGUSR1, lambda _signum, _frame: go or go.append(time.time()))
+    go = Go()
+    # Setting an Event from a handler could wait on its lock: the handler only marks the time.
+    signalled = []
+    signal.signal(signal.SIGUSR1, lambda _signum, _frame: signalled.append(time.time()))
     signal.signal(signal.SIGTERM, lambda _signum, _frame: sys.exit(0))
+    threading.Thread(target=_pass_on_signal, args=(signalled, go), daemon=True).start()
     try:
         listener = Listener(ports, name)
         listen_error = ""
     except OSError as exc:
         listener, listen_error = None, f"cannot listen on {ports}: {exc}"
+    gatherer, collect_error = None, ""
+    if collect:
+        try:
+            gatherer = Collector(collect, [t["node"] for t in targets if t["node"] != name], go)
+        except OSError as exc:
+            collect_error = f"cannot gather the reports on port {collect}: {exc}"
+    courier = Courier(collector, name, go, started + seconds) if collector else None
     print(json.dumps({"listening": ports if listener else []}), flush=True)
 
     def refusals_until():
-        return min(started + seconds, (go[0] if go else float("inf")) + timeout)
+        return min(started + seconds, (go.at if go.is_set() else float("inf")) + timeout)
 
     report = connect_report(name, bind, targets, disk, gpus, refusals_until, started + timeout)
     report["listen_error"] = listen_error
+    if collect:
+        report["collect_error"] = collect_error
+        if gatherer:
+            while time.time() < started + seconds:
+                if go.is_set() and gatherer.settled(time.time(), go.at, timeout):
+                    break
+                time.sleep(0.05)
+            report["gathered"] = gatherer.gathered()
     print(json.dumps(report), flush=True)
+    if courier:
+        courier.send(report)
     expected = {port: expect[index] for index, port in enumerate(ports)}
     while listener and time.time() < started + seconds:
-        if go and listener.has(expected):
+        if go.is_set() and listener.has(expected):
             break
+        if courier and courier.delivered and time.time() > go.at + timeout + 2:
+            break  # every peer's reach is final by now; rank 0 has the report
         time.sleep(0.1)
     if listener:
         listener.close()
+    if courier:
+        courier.finish()
+    if gatherer:
+        gatherer.close()
     return 3 if listen_error else 0
+
+
+def _pass_on_signal(signalled, go):
+    while not signalled:
+        time.sleep(0.05)
+    go.set()
 
 
 def listen(ports, seconds, name):
@@ -265,6 +475,9 @@ def main(argv=None):
     both.add_argument("--seconds", type=float, default=60)
     both.add_argument("--disk", default="")
     both.add_argument("--gpus", action="store_true")
+    gather = both.add_mutually_exclusive_group()
+    gather.add_argument("--collect", type=int, help="rank 0: gather the others' reports here")
+    gather.add_argument("--collector", help="rank 0's ADDR:PORT, to send this report to")
     args = parser.parse_args(argv)
     if args.mode == "listen":
         listen(args.ports, args.seconds, args.name)
@@ -283,6 +496,8 @@ def main(argv=None):
             args.ports,
             args.expect,
             args.seconds,
+            args.collect,
+            args.collector,
         )
     return 0
 

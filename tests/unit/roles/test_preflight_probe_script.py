@@ -222,3 +222,98 @@ def test_a_probe_that_cannot_listen_says_so_and_still_reaches_its_peers(listener
     assert "Address already in use" in lines[-1]["listen_error"]
     assert lines[-1]["results"][0]["ok"]  # the listener of the fixture answered
     assert process.returncode == 3
+
+
+def test_rank_0_gathers_every_report_and_passes_on_its_signal():
+    """Rank 0's probe (--collect) takes the others' hellos; its signal alone is the go for all
+    of them (passed on over the same connections), and its report holds theirs. The others end
+    without a signal of their own, once their peers reached them and rank 0 has their report."""
+    import signal
+
+    collect = free_port()
+    ports = {name: free_port() for name in ("node-0", "node-1", "node-2")}
+
+    def targets(me):
+        return [
+            {"node": name, "address": "127.0.0.1", "port": port}
+            for name, port in ports.items()
+            if name != me
+        ]
+
+    def start(name, *gather):
+        return subprocess.Popen(
+            [
+                sys.executable,
+                str(PROBE),
+                "probe",
+                "--name",
+                name,
+                "--ports",
+                str(ports[name]),
+                "--expect",
+                "2",
+                "--bind",
+                "127.0.0.1",
+                "--timeout",
+                "3",
+                "--seconds",
+                "30",
+                "--targets",
+                json.dumps(targets(name)),
+                *gather,
+            ],
+            stdout=subprocess.PIPE,
+            text=True,
+        )
+
+    others = [start(name, "--collector", f"127.0.0.1:{collect}") for name in ("node-1", "node-2")]
+    time.sleep(1)  # they say hello before rank 0 listens: retried
+    rank0 = start("node-0", "--collect", str(collect))
+    time.sleep(1)
+    started = time.monotonic()
+    rank0.send_signal(signal.SIGUSR1)
+    own = lines_of(rank0)[-1]
+    assert own["collect_error"] == "" and all(r["ok"] for r in own["results"])
+    assert set(own["gathered"]) == {"node-1", "node-2"}
+    for name, process in zip(("node-1", "node-2"), others, strict=True):
+        theirs = lines_of(process)[-1]
+        assert process.returncode == 0
+        assert own["gathered"][name] == theirs
+        reached = {r["node"] for r in theirs["results"] if r["ok"]}
+        assert reached == {"node-0", "node-1", "node-2"} - {name}
+    assert time.monotonic() - started < 10  # ended once reached, not at --seconds 30
+
+
+def test_a_probe_that_cannot_reach_the_collector_is_read_by_itself():
+    """No collector answers (rank 0's port unreachable): the probe still prints its report and
+    takes its go by its own signal, as without gathering."""
+    import signal
+
+    process = start_probe(
+        "node-1",
+        free_port(),
+        free_port(),
+        expect=0,
+        extra=("--collector", f"127.0.0.1:{free_port()}"),
+    )
+    time.sleep(1)
+    started = time.monotonic()
+    process.send_signal(signal.SIGUSR1)
+    report = lines_of(process)[-1]
+    assert "gathered" not in report and not report["results"][0]["ok"]  # its peer never ran
+    assert time.monotonic() - started < 10
+
+
+def test_rank_0_names_a_collector_port_it_cannot_take(listener):
+    """The collector's port taken (a rank still running there): rank 0's probe says so and
+    probes as before; the others are read by themselves."""
+    import signal
+
+    process = start_probe(
+        "node-0", free_port(), listener, expect=0, extra=("--collect", str(listener))
+    )
+    time.sleep(1)
+    process.send_signal(signal.SIGUSR1)
+    report = lines_of(process)[-1]
+    assert "Address already in use" in report["collect_error"]
+    assert "gathered" not in report and report["results"][0]["ok"]

@@ -6,10 +6,10 @@ from ansible_collections.hostnet.llamafactory.plugins.filter.preflight_targets i
     preflight_targets,
 )
 
-FACTS = {"vm0": {"address": "10.0.0.2"}, "vm1": {"address": "10.0.0.3"}}
+ADDRESSES = {"vm0": "10.0.0.2", "vm1": "10.0.0.3"}
 OPTIONS = {
     "hosts": ["vm0", "vm1"],
-    "facts": FACTS,
+    "addresses": ADDRESSES,
     "master": "vm0",
     "master_addr": "10.0.0.2",
     "master_port": "29500",
@@ -30,7 +30,7 @@ def test_a_worker_probes_the_peers_high_port_and_the_master_port():
 def test_positional_options_are_refused():
     with pytest.raises(TypeError):
         preflight_targets(  # pylint: disable=missing-kwoa
-            "vm1", ["vm0", "vm1"], FACTS, "vm0", "10.0.0.2", 29500, 49500
+            "vm1", ["vm0", "vm1"], ADDRESSES, "vm0", "10.0.0.2", 29500, 49500
         )
 
 

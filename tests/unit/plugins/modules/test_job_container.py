@@ -99,3 +99,21 @@ def test_faults_are_named_with_the_container(dockerd, socket_path, tmp_path):
     assert bad["failed"] and "memlock:-1:-1" in bad["msg"]
     no_env = rank(tmp_path, socket_path, env_file=str(tmp_path / "absent"))
     assert no_env["failed"] and "absent" in no_env["msg"]
+
+
+def test_the_ended_probe_is_removed_in_the_same_call(dockerd, socket_path, tmp_path):
+    """remove: the preflight's probe, ended on a node whose report rank 0 gathered, goes before
+    the rank starts; one that is not there is no fault."""
+    dockerd.images[IMAGE] = "sha256:" + "1" * 64
+    probe = "llamafactory-demo-preflight"
+    dockerd.add_container(probe, {"Id": "probe", "State": {"Running": False}, "Config": {}})
+    result = rank(tmp_path, socket_path, remove=[probe])
+    assert result["changed"] and not result.get("failed"), result
+    assert probe not in dockerd.containers
+    assert dockerd.containers[NAME]["inspect"]["State"]["Running"]
+    assert [tuple(r[:2]) for r in dockerd.requests][:2] == [
+        ("DELETE", f"/containers/{probe}"),
+        ("DELETE", f"/containers/{NAME}"),
+    ]
+    again = rank(tmp_path, socket_path, remove=[probe])
+    assert again["changed"] and not again.get("failed"), again

@@ -176,3 +176,26 @@ def test_a_file_wrong_as_given_writes_and_starts_nothing(dockerd, socket_path, t
     result = start_true(tmp_path, socket_path, files=files)
     assert result["failed"] and "agent.json: not valid JSON" in result["msg"]
     assert NAME in result["msg"] and not job.exists() and NAME not in dockerd.containers
+
+
+def test_rank_0s_read_returns_the_reports_its_probe_gathered(started, socket_path, tmp_path):
+    """Rank 0's report holds the others' (its "gathered"): each comes back as that node's own
+    read would, and rank 0's report without them."""
+    theirs = dict(REPORT, node="vm2")
+    broken = dict(REPORT, node="vm3", listen_error="cannot listen on [49949]: in use")
+    own = dict(REPORT, node="vm0", gathered={"vm2": theirs, "vm3": broken, "vm4": "garbage"})
+    started.containers[NAME]["logs"] += [log(json.dumps(own))]
+    started.containers[NAME]["inspect"]["State"].update(Status="exited", Running=False)
+    result = run_module(tmp_path, name=NAME, state="collected", docker_socket=socket_path)
+    assert result["report"] == REPORT | {"node": "vm0"} and "gathered" not in result["report"]
+    assert sorted(result["gathered"]) == ["vm2", "vm3"]
+    assert result["gathered"]["vm2"]["report"] == theirs
+    assert result["gathered"]["vm2"]["listener"]["state"] == "running"
+    assert result["gathered"]["vm3"]["listener"]["exit_code"] == 3
+    assert result["gathered"]["vm2"]["error"] == ""
+
+
+def test_a_read_without_gathering_returns_none(started, socket_path, tmp_path):
+    started.containers[NAME]["logs"] += [log(json.dumps(REPORT))]
+    result = run_module(tmp_path, name=NAME, state="collected", docker_socket=socket_path)
+    assert result["gathered"] == {}

@@ -167,17 +167,13 @@ def test_parse_reads_the_last_json_line_of_the_container_output():
 
 
 def test_targets_and_message():
-    facts = {
-        "vm0": {"address": "10.0.0.2"},
-        "vm1": {"address": "10.0.0.3"},
-        "vm2": {"address": "10.0.0.4"},
-    }
+    addresses = {"vm0": "10.0.0.2", "vm1": "10.0.0.3", "vm2": "10.0.0.4"}
     hosts = ["vm0", "vm1", "vm2"]
-    assert preflight.targets("vm0", hosts, facts, "vm0", "10.0.0.2", 29500, 49500) == [
+    assert preflight.targets("vm0", hosts, addresses, "vm0", "10.0.0.2", 29500, 49500) == [
         {"node": "vm1", "address": "10.0.0.3", "port": 49500},
         {"node": "vm2", "address": "10.0.0.4", "port": 49500},
     ]
-    assert preflight.targets("vm2", hosts, facts, "vm0", "10.0.0.2", 29500, 49500)[-1] == {
+    assert preflight.targets("vm2", hosts, addresses, "vm0", "10.0.0.2", 29500, 49500)[-1] == {
         "node": "vm0",
         "address": "10.0.0.2",
         "port": 29500,
