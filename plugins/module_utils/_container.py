@@ -110,6 +110,8 @@ def create_body(params, env=None):
         "DeviceRequests": requests,
         "RestartPolicy": {"Name": "no"},
     }
+    if params.get("auto_remove"):
+        host_config["AutoRemove"] = True
     if params.get("ipc_mode"):
         host_config["IpcMode"] = params["ipc_mode"]
     if params.get("ulimits"):

@@ -112,6 +112,11 @@ options:
         description: Refuse the entry unless its content is valid JSON (nothing is written).
         type: bool
         default: false
+  auto_remove:
+    description: With O(state=started), Docker removes the container when it ends (a probe
+      whose report rank 0 gathers; one that could not send it stays until it is read).
+    type: bool
+    default: false
   wait:
     description: With O(state=collected), the most seconds to wait for the report.
     type: int
@@ -222,6 +227,7 @@ def main():
             state=dict(type="str", choices=["started", "collected"], required=True),
             **CONTAINER_OPTIONS,
             files=dict(type="list", elements="dict", default=[], options=files.ENTRY_OPTIONS),
+            auto_remove=dict(type="bool", default=False),
             wait=dict(type="int", default=30),
             tail=dict(type="int", default=20),
             **DOCKER_OPTIONS,

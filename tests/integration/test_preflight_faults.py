@@ -3,6 +3,7 @@ fix, before any training container starts (train.yml, real probes from container
 training image in the job's network mode). The healthy path runs in every launch of
 test_launch.py."""
 
+import time
 from contextlib import contextmanager
 from pathlib import Path
 
@@ -31,9 +32,19 @@ def train(inventory, tmp_path, job, **extravars):
 
 
 def assert_nothing_started(vms, job):
+    """No rank's container, and nothing left: a probe whose report rank 0 gathered ends on its
+    node by itself (auto-removed, at once when its own report has a fault, at the latest 2 s
+    after the go's timeout), so the probes are given 30 s to go."""
+    deadline = time.monotonic() + 30
     for vm in vms:
-        names = vm.sh("docker ps -a --format '{{.Names}}'").stdout.split()
-        assert not [n for n in names if n.startswith(f"llamafactory-{job}")], (vm.name, names)
+        while True:
+            names = vm.sh("docker ps -a --format '{{.Names}}'").stdout.split()
+            left = [n for n in names if n.startswith(f"llamafactory-{job}")]
+            assert not [n for n in left if not n.endswith("-preflight")], (vm.name, names)
+            if not left or time.monotonic() > deadline:
+                break
+            time.sleep(1)
+        assert not left, (vm.name, names)
 
 
 @contextmanager

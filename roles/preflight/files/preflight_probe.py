@@ -36,6 +36,7 @@ import subprocess
 import sys
 import threading
 import time
+import traceback
 
 
 class Listener:
@@ -295,19 +296,28 @@ def probe(
     if courier:
         courier.send(report)
     expected = {port: expect[index] for index, port in enumerate(ports)}
+    healthy = not listen_error and all(result["ok"] for result in report["results"])
     while listener and time.time() < started + seconds:
         if go.is_set() and listener.has(expected):
             break
-        if courier and courier.delivered and time.time() > go.at + timeout + 2:
-            break  # every peer's reach is final by now; rank 0 has the report
+        if courier and courier.delivered and (not healthy or time.time() > go.at + timeout + 2):
+            break  # rank 0 has the report; the preflight stops, or every reach is final by now
         time.sleep(0.1)
     if listener:
         listener.close()
     if courier:
         courier.finish()
+        if not courier.delivered:  # its container goes when it ends: stay to be read
+            _stay(started + seconds)
     if gatherer:
         gatherer.close()
     return 3 if listen_error else 0
+
+
+def _stay(until):
+    """Sleep until `until` (SIGTERM ends it sooner)."""
+    while time.time() < until:
+        time.sleep(0.2)
 
 
 def _pass_on_signal(signalled, go):
@@ -486,20 +496,33 @@ def main(argv=None):
     else:
         if len(args.expect) != len(args.ports):
             parser.error("--expect needs one count per port of --ports")
-        return probe(
-            args.name,
-            args.bind,
-            json.loads(args.targets),
-            args.timeout,
-            args.disk,
-            args.gpus,
-            args.ports,
-            args.expect,
-            args.seconds,
-            args.collect,
-            args.collector,
-        )
+        if not args.collector:
+            return probe(*_probe_args(args))
+        # Its container goes when it ends (auto-removed): a failure stays to be read.
+        try:
+            return probe(*_probe_args(args))
+        except Exception:  # noqa: BLE001
+            traceback.print_exc()
+            sys.stderr.flush()
+            _stay(time.time() + args.seconds)
+            return 1
     return 0
+
+
+def _probe_args(args):
+    return (
+        args.name,
+        args.bind,
+        json.loads(args.targets),
+        args.timeout,
+        args.disk,
+        args.gpus,
+        args.ports,
+        args.expect,
+        args.seconds,
+        args.collect,
+        args.collector,
+    )
 
 
 if __name__ == "__main__":

@@ -285,8 +285,9 @@ def test_rank_0_gathers_every_report_and_passes_on_its_signal():
 
 
 def test_a_probe_that_cannot_reach_the_collector_is_read_by_itself():
-    """No collector answers (rank 0's port unreachable): the probe still prints its report and
-    takes its go by its own signal, as without gathering."""
+    """No collector answers (rank 0's port unreachable): the probe takes its go by its own
+    signal and prints its report, as without gathering, then stays to be read (its container
+    would go when it ends) until it is stopped."""
     import signal
 
     process = start_probe(
@@ -296,12 +297,17 @@ def test_a_probe_that_cannot_reach_the_collector_is_read_by_itself():
         expect=0,
         extra=("--collector", f"127.0.0.1:{free_port()}"),
     )
+    assert json.loads(process.stdout.readline())["listening"]
     time.sleep(1)
     started = time.monotonic()
     process.send_signal(signal.SIGUSR1)
-    report = lines_of(process)[-1]
-    assert "gathered" not in report and not report["results"][0]["ok"]  # its peer never ran
+    report = json.loads(process.stdout.readline())
     assert time.monotonic() - started < 10
+    assert "gathered" not in report and not report["results"][0]["ok"]  # its peer never ran
+    time.sleep(1)
+    assert process.poll() is None
+    process.terminate()
+    assert process.wait(timeout=10) == 0
 
 
 def test_rank_0_names_a_collector_port_it_cannot_take(listener):

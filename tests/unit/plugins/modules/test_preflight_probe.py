@@ -70,6 +70,21 @@ def test_started_with_the_jobs_settings(started):
     assert host["DeviceRequests"][0]["Capabilities"] == [["gpu"]]
 
 
+def test_a_probe_that_sends_its_report_to_rank_0_goes_when_it_ends(dockerd, socket_path, tmp_path):
+    dockerd.images["img"] = "sha256:" + "2" * 64
+    result = run_module(
+        tmp_path,
+        name=NAME,
+        state="started",
+        image="img",
+        command=["true"],
+        auto_remove=True,
+        docker_socket=socket_path,
+    )
+    assert result["changed"] and not result.get("failed"), result
+    assert dockerd.containers[NAME]["inspect"]["HostConfig"]["AutoRemove"] is True
+
+
 def test_a_second_start_replaces_the_first(started, socket_path, tmp_path):
     first = started.containers[NAME]["inspect"]["Id"]
     again = start_true(tmp_path, socket_path)
