@@ -276,6 +276,17 @@ def findings(
                 )
             continue
         node = nodes[host]
+        collect_error = report.get("collect_error") or ""
+        if "address already in use" in collect_error.lower():
+            found.append(
+                _finding(
+                    "port-in-use",
+                    "%s (rank 0): %s - the ranks' agents listen on that port "
+                    "(launch_agent_port), and rank 0's could not" % (host, collect_error),
+                    "stop what holds it (`ss -ltnp` on the node shows it) or choose another "
+                    "port with launch_agent_port",
+                )
+            )
         own = node["address"]
         bind_failed = [
             r

@@ -50,6 +50,21 @@ def test_a_dropped_port_range_is_named_with_the_firewall_fix():
     # vm1 -> vm0 works: the rule drops new connections to vm1 only.
 
 
+def test_rank_0s_agent_port_taken_is_named():
+    """Rank 0's probe gathers on the agents' port: taken there, the rank's agent could not
+    listen either."""
+    data, reports = case("healthy")
+    reports["vm0"]["report"]["collect_error"] = (
+        "cannot gather the reports on port 39600: [Errno 98] Address already in use"
+    )
+    found = verdict(data, reports)
+    assert [f["id"] for f in found] == ["port-in-use"]
+    assert found[0]["cause"].startswith("vm0 (rank 0): cannot gather the reports on port 39600")
+    assert "launch_agent_port" in found[0]["fix"]
+    reports["vm0"]["report"]["collect_error"] = ""
+    assert verdict(data, reports) == []
+
+
 def test_bridge_networking_is_named_once_per_node():
     data, reports = case("bridge")
     found = verdict(data, reports)
