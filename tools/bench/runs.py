@@ -838,6 +838,17 @@ def _standin_setup(bench: BenchCluster, count: int, name: str) -> dict:
     )
     if warm["rc"] != 0:
         raise BenchError(f"{name}: the set-up launch failed: {warm['output'][-1500:]}")
+    # Its ranks would share the cores with the first measured runs (and hold ports): waited for.
+    waited = bench.train(
+        bench.inventory(count),
+        f"{name}-warm-n{count}",
+        f"{name}: the set-up job's end ({count})",
+        1800,
+        _playbook="playbooks/wait.yml",
+        **dict(job_vars),
+    )
+    if waited["rc"] != 0:
+        raise BenchError(f"{name}: the set-up job did not end: {waited['output'][-1500:]}")
     return job_vars
 
 
