@@ -119,8 +119,8 @@ def test_a_taken_port_ends_the_listener_and_is_named(listener):
     assert "llamafactory_master_port" in found[0]["fix"]
 
 
-def start_probe(name, port, peer_port, expect=1, timeout=3, seconds=30, extra=()):
-    targets = [{"node": "peer", "address": "127.0.0.1", "port": peer_port}]
+def start_probe(name, port, peer_port, expect=1, timeout=3, seconds=30, extra=(), targets=None):
+    targets = targets or [{"node": "peer", "address": "127.0.0.1", "port": peer_port}]
     return subprocess.Popen(
         [
             sys.executable,
@@ -241,30 +241,7 @@ def test_rank_0_gathers_every_report_and_passes_on_its_signal():
         ]
 
     def start(name, *gather):
-        return subprocess.Popen(
-            [
-                sys.executable,
-                str(PROBE),
-                "probe",
-                "--name",
-                name,
-                "--ports",
-                str(ports[name]),
-                "--expect",
-                "2",
-                "--bind",
-                "127.0.0.1",
-                "--timeout",
-                "3",
-                "--seconds",
-                "30",
-                "--targets",
-                json.dumps(targets(name)),
-                *gather,
-            ],
-            stdout=subprocess.PIPE,
-            text=True,
-        )
+        return start_probe(name, ports[name], None, expect=2, extra=gather, targets=targets(name))
 
     others = [start(name, "--collector", f"127.0.0.1:{collect}") for name in ("node-1", "node-2")]
     time.sleep(1)  # they say hello before rank 0 listens: retried
