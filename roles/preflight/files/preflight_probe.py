@@ -131,7 +131,7 @@ class Collector:
                     self.go.wait(0.2)
                 stream.write(b'{"go": true}\n')
                 stream.flush()
-                connection.settimeout(None if self.stop.is_set() else 60)
+                connection.settimeout(60)
                 report = json.loads(stream.readline() or b"{}").get("report")
                 if not isinstance(report, dict):
                     return
