@@ -874,10 +874,15 @@ def _scale_once(bench: BenchCluster, count: int, rep: int, job_vars: dict) -> di
     label = f"scale {count} VMs {rep}"
     # profile_tasks (its recap at the end) on the launch and the fault: where the time goes.
     profiled = dict(job_vars, _env={**job_vars["_env"], **scale_profile_env()})
+    # Each timed run starts on a machine at rest: what the run before left winding down (probes
+    # ending, containers removed, agents lingering) would land on whichever count runs next.
+    settle(threshold=RERUN_REST, quiet_s=5, max_s=60)
     launched, busy, waited = _launched_and_waited(bench, inventory, job, label, profiled, job_vars)
+    settle(threshold=RERUN_REST, quiet_s=5, max_s=60)
     rerun = bench.train(inventory, job, f"{label}: re-run", 1800, **dict(job_vars))
     if rerun["rc"] != 0 or changed_tasks(rerun["output"]) != 0:
         raise BenchError(f"{label}: the re-run failed or changed: {rerun['output'][-1500:]}")
+    settle(threshold=RERUN_REST, quiet_s=5, max_s=60)
     faulty = _fault_named(bench, inventory, f"scale-fault-n{count}-r{rep}", label, profiled)
     figures = {
         "launch, detached (s)": round(launched["seconds"], 1),
