@@ -148,8 +148,8 @@ class ScaleBench:
     def inventory(count):
         return f"bench-n{count}.gcp"
 
-    def train(self, inventory, job, _label, _deadline, **_extra):
-        self.trained.append((inventory, job))
+    def train(self, inventory, job, _label, _deadline, **extra):
+        self.trained.append((inventory, job, extra.get("_playbook", "playbooks/train.yml")))
         return {"rc": 0}
 
 
@@ -172,7 +172,11 @@ def test_the_scale_series_is_interleaved_and_paired_with_the_2_vm_run(tmp_path, 
     results = Results(tmp_path)
     bench = ScaleBench()
     runs.scale(bench, results, reps=2)
-    assert bench.trained == [("bench-n16.gcp", "scale-warm-n16")]  # every VM set up first
+    # Every VM set up first, and its job waited for until it ends.
+    assert bench.trained == [
+        ("bench-n16.gcp", "scale-warm-n16", "playbooks/train.yml"),
+        ("bench-n16.gcp", "scale-warm-n16", "playbooks/wait.yml"),
+    ]
     assert order == [(1, 2), (1, 8), (1, 16), (2, 16), (2, 8), (2, 2)]
     rows = results.measurements
     case = "re-run (s), 16 VMs"
@@ -250,7 +254,10 @@ def test_the_forks_series_alternates_5_and_25_forks_on_every_vm(tmp_path, monkey
     # A resumed run measures nothing more.
     bench = ForksBench()
     runs.forks(bench, Results(tmp_path, resume=True), reps=2)
-    assert [job for job, _f, _p in bench.trained] == ["forks-warm-n16"]
+    assert [(job, playbook) for job, _f, playbook in bench.trained] == [
+        ("forks-warm-n16", "playbooks/train.yml"),
+        ("forks-warm-n16", "playbooks/wait.yml"),
+    ]
 
 
 class FloorBench(ScaleBench):
@@ -275,8 +282,9 @@ def test_the_floor_series_alternates_2_and_every_vm_for_each_case(tmp_path, monk
     results = Results(tmp_path)
     bench = FloorBench()
     runs.floor(bench, results, reps=2)
-    assert bench.trained[0] == ("bench-n16.gcp", "floor-warm-n16", None)  # every VM set up first
-    measured = [(inventory, calls) for inventory, job, calls in bench.trained[1:]]
+    # Every VM set up first, and its job waited for until it ends.
+    assert bench.trained[:2] == [("bench-n16.gcp", "floor-warm-n16", None)] * 2
+    measured = [(inventory, calls) for inventory, job, calls in bench.trained[2:]]
     assert len(measured) == 2 * 2 * len(runs.FLOOR_CASES)
     assert measured[:2] == [("bench-n2.gcp", 0), ("bench-n16.gcp", 0)]
     assert measured[12:14] == [("bench-n16.gcp", 0), ("bench-n2.gcp", 0)]  # the other first
@@ -292,7 +300,7 @@ def test_the_floor_series_alternates_2_and_every_vm_for_each_case(tmp_path, monk
     # A resumed run measures nothing more.
     bench = FloorBench()
     runs.floor(bench, Results(tmp_path, resume=True), reps=2)
-    assert [job for _i, job, _c in bench.trained] == ["floor-warm-n16"]
+    assert [job for _i, job, _c in bench.trained] == ["floor-warm-n16"] * 2
 
 
 def test_the_rerun_compares_2_vms_with_8_in_a_larger_cluster_too(tmp_path, monkeypatch):
