@@ -117,10 +117,8 @@ class Collector:
 
     def _serve(self, connection):
         with contextlib.closing(connection):
-            connection.settimeout(5)
-            stream = connection.makefile("rwb")
             try:
-                name = json.loads(stream.readline() or b"{}").get("hello")
+                name = json.loads(_line(connection, time.time() + 5) or b"{}").get("hello")
                 if name not in self.expected:
                     return
                 with self.lock:
@@ -129,16 +127,13 @@ class Collector:
                     if self.stop.is_set():
                         return
                     self.go.wait(0.2)
-                stream.write(b'{"go": true}\n')
-                stream.flush()
-                connection.settimeout(60)
-                report = json.loads(stream.readline() or b"{}").get("report")
+                connection.sendall(b'{"go": true}\n')
+                report = json.loads(_line(connection, time.time() + 60) or b"{}").get("report")
                 if not isinstance(report, dict):
                     return
                 with self.lock:
                     self.reports.setdefault(name, report)
-                stream.write(b'{"ok": true}\n')
-                stream.flush()
+                connection.sendall(b'{"ok": true}\n')
             except (OSError, ValueError):
                 return
 
