@@ -712,6 +712,12 @@ def vms_cpu_s(vms: list[dict]) -> float | None:
 RERUN_REST = 0.2
 
 
+def rest() -> float:
+    """Before a timed run: the CPUs busy less than RERUN_REST of the time for 5 s (at most 60 s
+    of waiting); the seconds waited."""
+    return settle(threshold=RERUN_REST, quiet_s=5, max_s=60)
+
+
 def rerun(bench: BenchCluster, results: Results, reps: int) -> None:
     _become_subreaper()
     # 8 VMs, also in a larger cluster (--nodes 32 for the scale series): the VMs beyond the
@@ -730,7 +736,7 @@ def rerun(bench: BenchCluster, results: Results, reps: int) -> None:
             vms = bench.nodes[: counts[variant]]
             # Each run from a machine at rest: the one before it leaves ssh masters, Docker and
             # journal writes winding down on the shared cores (a re-run takes only seconds).
-            rested = settle(threshold=RERUN_REST, quiet_s=5, max_s=60)
+            rested = rest()
             vms_before = vms_cpu_s(vms)
             result = bench.train(
                 inventory, jobs[variant], f"re-run {variant} {rep}", deadline_s=900
@@ -839,16 +845,7 @@ def _standin_setup(bench: BenchCluster, count: int, name: str) -> dict:
     if warm["rc"] != 0:
         raise BenchError(f"{name}: the set-up launch failed: {warm['output'][-1500:]}")
     # Its ranks would share the cores with the first measured runs (and hold ports): waited for.
-    waited = bench.train(
-        bench.inventory(count),
-        f"{name}-warm-n{count}",
-        f"{name}: the set-up job's end ({count})",
-        1800,
-        _playbook="playbooks/wait.yml",
-        **dict(job_vars),
-    )
-    if waited["rc"] != 0:
-        raise BenchError(f"{name}: the set-up job did not end: {waited['output'][-1500:]}")
+    _waited(bench, bench.inventory(count), f"{name}-warm-n{count}", f"{name}: set-up", job_vars)
     return job_vars
 
 
@@ -876,13 +873,13 @@ def _scale_once(bench: BenchCluster, count: int, rep: int, job_vars: dict) -> di
     profiled = dict(job_vars, _env={**job_vars["_env"], **scale_profile_env()})
     # Each timed run starts on a machine at rest: what the run before left winding down (probes
     # ending, containers removed, agents lingering) would land on whichever count runs next.
-    settle(threshold=RERUN_REST, quiet_s=5, max_s=60)
+    rest()
     launched, busy, waited = _launched_and_waited(bench, inventory, job, label, profiled, job_vars)
-    settle(threshold=RERUN_REST, quiet_s=5, max_s=60)
+    rest()
     rerun = bench.train(inventory, job, f"{label}: re-run", 1800, **dict(job_vars))
     if rerun["rc"] != 0 or changed_tasks(rerun["output"]) != 0:
         raise BenchError(f"{label}: the re-run failed or changed: {rerun['output'][-1500:]}")
-    settle(threshold=RERUN_REST, quiet_s=5, max_s=60)
+    rest()
     faulty = _fault_named(bench, inventory, f"scale-fault-n{count}-r{rep}", label, profiled)
     figures = {
         "launch, detached (s)": round(launched["seconds"], 1),
@@ -925,12 +922,17 @@ def _launched_and_waited(
     busy = machine_busy_s() - busy_before
     if launched["rc"] != 0:
         raise BenchError(f"{label}: the launch failed: {launched['output'][-1500:]}")
+    return launched, busy, _waited(bench, inventory, job, label, wait_vars)
+
+
+def _waited(bench: BenchCluster, inventory: Path, job: str, label: str, wait_vars: dict) -> dict:
+    """playbooks/wait.yml until `job` finishes: its run (rc, seconds, cpu_s...)."""
     waited = bench.train(
         inventory, job, f"{label}: wait", 1800, _playbook="playbooks/wait.yml", **dict(wait_vars)
     )
     if waited["rc"] != 0 or f"job {job} finished" not in waited["output"]:
         raise BenchError(f"{label}: the wait failed: {waited['output'][-1500:]}")
-    return launched, busy, waited
+    return waited
 
 
 def _fault_named(
@@ -979,7 +981,7 @@ def forks(bench: BenchCluster, results: Results, reps: int) -> None:
             cases = [f"{name}, {count} VMs" for name in FORKS_FIGURES]
             if all(results.has("forks", case, variant, rep) for case in cases):
                 continue
-            settle(threshold=RERUN_REST, quiet_s=5, max_s=60)
+            rest()
             run_vars = dict(job_vars, _env={**SCALE_ENV, "ANSIBLE_FORKS": FORKS_VARIANTS[variant]})
             slug_ = variant.split()[0]
             label = f"forks {variant} {count} VMs {rep}"
@@ -1612,7 +1614,7 @@ def compare(bench: BenchCluster, results: Results, reps: int, rev: str, cap: flo
                 for side in order:
                     if results.has("compare-rerun", case, side, rep):
                         continue
-                    settle(threshold=RERUN_REST, quiet_s=5, max_s=60)
+                    rest()
                     result = bench.train(
                         bench.inventory(count),
                         jobs[side, count],
@@ -1724,7 +1726,7 @@ def hub_fetch(results: Results, reps: int, logs: Path, keep: bool = False) -> No
                         lambda node: vm_sh(node["container"], f"rm -rf {folder}"), state["nodes"]
                     )
                     double.reset()
-                    rested = settle(threshold=RERUN_REST, quiet_s=5, max_s=60)
+                    rested = rest()
                     variables = {
                         "llamafactory_job": "bench-hub",
                         "llamafactory_config": str(

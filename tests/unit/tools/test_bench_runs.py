@@ -150,7 +150,7 @@ class ScaleBench:
 
     def train(self, inventory, job, _label, _deadline, **extra):
         self.trained.append((inventory, job, extra.get("_playbook", "playbooks/train.yml")))
-        return {"rc": 0}
+        return {"rc": 0, "output": f"job {job} finished"}
 
 
 def scale_with(monkeypatch, once):
@@ -271,7 +271,12 @@ class FloorBench(ScaleBench):
         self.trained.append((inventory, job, extra.get("floor_calls")))
         count = int(inventory.split("-n")[1].split(".")[0])
         calls = extra.get("floor_calls", 0)
-        return {"rc": 0, "seconds": float(count * (calls + 1)), "cpu_s": float(count * calls)}
+        return {
+            "rc": 0,
+            "seconds": float(count * (calls + 1)),
+            "cpu_s": float(count * calls),
+            "output": f"job {job} finished",
+        }
 
 
 def test_the_floor_series_alternates_2_and_every_vm_for_each_case(tmp_path, monkeypatch):
