@@ -25,6 +25,8 @@ ARGUMENT_SPEC = dict(
     model_dir=dict(type="str", default=""),
     model_max_mb=dict(type="float", default=2048),
     model_fetch=dict(type="bool", default=True),
+    record=dict(type="dict"),
+    record_path=dict(type="path"),
 )
 PIECE = 32 * 1024 * 1024  # per module call: base64 makes it 43 MB of JSON
 
@@ -59,6 +61,7 @@ class ActionModule(ActionBase):
             model_fetch=args["model_fetch"],
             model_known=model_known,
             inline_bytes=PIECE if fetch else 0,
+            **dict((k, args[k]) for k in ("record", "record_path") if args[k] is not None),
         )
         if node.get("failed"):
             node.pop("invocation", None)
@@ -82,11 +85,12 @@ class ActionModule(ActionBase):
                 result.update(failed=True, msg="the model did not reach %s: %s" % (model_path, exc))
                 return result
         result.update(
-            changed=bool(written or model.get("fetched")),
+            changed=bool(written or model.get("fetched") or node.get("recorded")),
             written=written,
             missing=node["missing"],
             dest=dest,
             model=model,
+            recorded=bool(node.get("recorded")),
         )
         return result
 

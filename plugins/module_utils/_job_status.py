@@ -3,7 +3,8 @@
 # GNU General Public License v3.0+ (see LICENSE or https://www.gnu.org/licenses/gpl-3.0.txt)
 """One rank's state on its node, read in one call: the container (inspect, newest log lines,
 optionally stopped first), the training progress and checkpoints in the output folder, the
-agent's state file. Shared by the modules job_status and node_facts."""
+agent's state file, and the record a finished job's collect step left on rank 0's node. Shared
+by the modules job_status and node_facts."""
 
 from __future__ import absolute_import, division, print_function
 
@@ -23,6 +24,7 @@ OPTIONS = dict(
     name=dict(type="str", required=True),
     output_dir=dict(type="path"),
     agent_state=dict(type="path"),
+    record=dict(type="path"),
     tail=dict(type="int", default=40),
     **docker_api.OPTIONS,
 )
@@ -58,6 +60,18 @@ def agent_state(path):
         return None
     keep = ("state", "attempt", "code", "restarts", "peers")
     return dict((key, state[key]) for key in keep if key in state)
+
+
+def record(path):
+    """The finished job's record (job_results wrote it on rank 0's node) as a dict, or None."""
+    if not path:
+        return None
+    try:
+        with open(path) as handle:
+            found = json.load(handle)
+    except (IOError, OSError, ValueError):
+        return None
+    return found if isinstance(found, dict) else None
 
 
 def query(docker, params, check_mode):
@@ -100,4 +114,5 @@ def read(docker, params, check_mode):
         job.complete_checkpoints(job.checkpoint_listing(output_dir)) if output_dir else []
     )
     result["agent"] = agent_state(params.get("agent_state"))
+    result["record"] = record(params.get("record"))
     return result

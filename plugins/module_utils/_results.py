@@ -1,8 +1,9 @@
 # -*- coding: utf-8 -*-
 # Copyright: hostnet.llamafactory contributors
 # GNU General Public License v3.0+ (see LICENSE or https://www.gnu.org/licenses/gpl-3.0.txt)
-"""The node's side of job_results: the trained model's files, their checksums, and reads of a
-file's content in pieces (the controller's side: plugins/plugin_utils/_results.py)."""
+"""The node's side of job_results: the trained model's files, their checksums, reads of a file's
+content in pieces, and the finished job's record (the controller's side:
+plugins/plugin_utils/_results.py)."""
 
 from __future__ import absolute_import, division, print_function
 
@@ -10,7 +11,9 @@ __metaclass__ = type
 
 import base64
 import hashlib
+import json
 import os
+import tempfile
 
 CHUNK = 1024 * 1024
 
@@ -70,3 +73,27 @@ def read_piece(path, offset, length):
         data = handle.read(length)
         size = os.fstat(handle.fileno()).st_size
     return {"content": base64.b64encode(data).decode("ascii"), "size": size}
+
+
+def write_record(path, record, check_mode=False):
+    """Write `record` as JSON to `path` (mode 0600, replaced whole) unless the file holds it
+    already; whether it was (in check mode, would be) written."""
+    try:
+        with open(path) as handle:
+            if json.load(handle) == record:
+                return False
+    except (IOError, OSError, ValueError):
+        pass
+    if check_mode:
+        return True
+    folder = os.path.dirname(path) or "."
+    handle, temporary = tempfile.mkstemp(dir=folder, prefix=".record-")
+    try:
+        with os.fdopen(handle, "w") as out:
+            json.dump(record, out, sort_keys=True)
+        os.chmod(temporary, 0o600)
+        os.rename(temporary, path)
+    except BaseException:
+        os.unlink(temporary)
+        raise
+    return True

@@ -57,6 +57,17 @@ options:
     description: Bring the model's files that differ; V(false) only compares them.
     type: bool
     default: true
+  record:
+    description:
+      - What to record on the node that the job finished on every rank (the launch role's
+        C(launch_record) - the job, rank 0's container, every node's rank and address), as JSON
+        in O(record_path), mode 0600, rewritten only when it differs. A re-run reads it with
+        rank 0's job (M(hostnet.llamafactory.node_facts)) and contacts no other node.
+      - Unset, nothing is recorded.
+    type: dict
+  record_path:
+    description: Where O(record) goes on the node; required with O(record).
+    type: path
   known:
     description: Set by the action plugin - the SHA-256 of each of O(files) already in O(dest).
     type: dict
@@ -83,7 +94,8 @@ attributes:
     description: Says what would be written and writes nothing.
   diff_mode:
     support: none
-    description: The files are binary or long; RV(written) and RV(model.fetched) name them.
+    description: The files are binary or long; RV(written), RV(model.fetched) and RV(recorded)
+      name them.
   idempotent:
     support: full
     description: A second run writes nothing when nothing changed on the node.
@@ -148,6 +160,10 @@ dest:
   description: O(dest).
   returned: always
   type: str
+recorded:
+  description: O(record) was written to O(record_path) (in check mode, would be).
+  returned: always
+  type: bool
 """
 
 import base64
@@ -170,7 +186,10 @@ def main():
             model_known=dict(type="dict", default={}),
             inline_bytes=dict(type="int", default=0),
             read=dict(type="dict"),
+            record=dict(type="dict"),
+            record_path=dict(type="path"),
         ),
+        required_by=dict(record=["record_path"]),
         supports_check_mode=True,
     )
     params = module.params
@@ -211,7 +230,15 @@ def main():
             )
         except (IOError, OSError) as exc:
             module.fail_json(msg="cannot read the model in %s: %s" % (folder, exc))
-    module.exit_json(changed=False, files=files, missing=missing, model=model)
+    recorded = False
+    if params["record"] is not None:
+        try:
+            recorded = results.write_record(
+                params["record_path"], params["record"], module.check_mode
+            )
+        except (IOError, OSError) as exc:
+            module.fail_json(msg="cannot write %s: %s" % (params["record_path"], exc))
+    module.exit_json(changed=recorded, files=files, missing=missing, model=model, recorded=recorded)
 
 
 if __name__ == "__main__":

@@ -47,6 +47,12 @@ options:
       - The state file of the rank's agent (C(roles/launch/files/rank_agent.py)), which names the
         restarts it made on the nodes. Unset, or absent on the node - RV(agent) is null.
     type: path
+  record:
+    description:
+      - The record of a finished job that M(hostnet.llamafactory.job_results) wrote on rank 0's
+        node (its O(hostnet.llamafactory.job_results#module:record)). Unset, or absent on the
+        node - RV(record) is null.
+    type: path
   stop:
     description: Stop the container (if it runs) before reporting.
     type: bool
@@ -140,6 +146,11 @@ agent:
   returned: always
   type: dict
   sample: {state: running, attempt: 1, restarts: [{attempt: 1, step: 23, resume: 20, lost: 3}]}
+record:
+  description: The finished job's record when O(record) names a readable JSON file, else null.
+  returned: always
+  type: dict
+  sample: {job: demo, container: 3f2a9c0d1e4b, ranks: {vm0: 0, vm1: 1}}
 now:
   description: The node's clock, epoch seconds.
   returned: always

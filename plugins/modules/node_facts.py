@@ -120,6 +120,9 @@ options:
       agent_state:
         description: The state file of the rank's agent.
         type: path
+      record:
+        description: The finished job's record (see job_status).
+        type: path
       tail:
         description: How many of the newest log lines to return.
         type: int

@@ -148,6 +148,50 @@ def decide_launch(
     return result
 
 
+def record_of(report):
+    """What the collect step records on rank 0's node when every rank finished (job_results'
+    `record`), from rank 0's last look at its container (`report`): the container it binds to."""
+    container = (report or {}).get("container") or {}
+    return {"id": container.get("id"), "started_at": container.get("started_at")}
+
+
+def settled(report, digest, job, ranks, host):
+    """A job every rank finished, read from rank 0's node alone: `report` is rank 0's
+    job_status read (node_facts' job_state) with `record`, what the collect step of the run that
+    saw every rank finish wrote there. It stands for every rank when rank 0's container is the
+    one it names, exited 0 with `digest` (this run's for rank 0: the same job, image and
+    settings), and the job's nodes and ranks (`ranks`, host -> rank) are the recorded ones.
+    Returns {reports: host -> a job_status report (rank 0's own; each other's as the record
+    gives it), addresses: host -> training address}, or {} - then every node is read."""
+    report = report or {}
+    found = report.get("record") or {}
+    container = report.get("container") or {}
+    labels = container.get("labels") or {}
+    if not (
+        found.get("job") == job
+        and _succeeded(report)
+        and labels.get(LABEL_DIGEST) == digest
+        and found.get("container") == record_of(report)
+        and found.get("ranks") == ranks
+        and ranks.get(host) == 0
+        and set(found.get("addresses") or {}) == set(ranks)
+    ):
+        return {}
+    reports = {}
+    for other, rank in ranks.items():
+        if other == host:
+            reports[other] = dict(report, rank=rank, wanted=digest)
+        else:
+            reports[other] = {
+                "rank": rank,
+                "container": {"state": "exited", "exit_code": 0},
+                "labels_match": True,
+                "checkpoints": [],
+                "recorded": True,
+            }
+    return {"reports": reports, "addresses": dict(found["addresses"])}
+
+
 def describe(report):
     """A few words on a rank's container state."""
     container = report.get("container") or {}

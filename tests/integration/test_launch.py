@@ -347,6 +347,56 @@ def test_a_second_run_changes_nothing(e2e):
         assert (new["Id"], new["State"]["StartedAt"]) == (old["Id"], old["State"]["StartedAt"])
 
 
+def test_a_finished_job_is_read_from_rank_0_alone(e2e):
+    """Without a bucket to send every node's checkpoints to, a re-run reads the finished job
+    from rank 0's node alone: its container and the record the first run's collect step left
+    there (0600). No task reaches vm1; the results still come from rank 0. A record that names
+    another container (the job launched again since) is not believed: every node is read, and
+    the record is written again."""
+    vm0, vm1 = e2e["vms"]
+    record_path = f"{JOBS}/e2e/finished.json"
+    record = json.loads(vm0.sh(f"cat {record_path}").stdout)
+    assert record["job"] == "e2e" and record["ranks"] == {"vm0": 0, "vm1": 1}
+    assert set(record["addresses"]) == {"vm0", "vm1"}
+    assert record["container"]["id"] == container(vm0, "e2e")["Id"][:12]
+    assert vm0.sh(f"stat -c %a {record_path}").stdout.strip() == "600"
+    assert vm1.sh(f"test -e {record_path}", check=False).returncode != 0  # rank 0's only
+
+    def contacted(events, host):
+        return sorted(
+            {
+                str(e["event_data"].get("task"))
+                for e in events
+                if e.get("event") in ("runner_on_ok", "runner_on_failed", "runner_on_unreachable")
+                and e["event_data"].get("host") == host
+                and not e["event_data"].get("delegated_host")  # run_once facts land on each host
+                and e["event_data"].get("task_action", "").split(".")[-1]
+                not in ("set_fact", "debug", "meta", "assert", "validate_argument_spec", "fail")
+            }
+        )
+
+    rc, stats, failures, events = play(
+        e2e["inventory"], e2e["tmp"] / "rank0", "e2e", **hub_vars(e2e["hub"])
+    )
+    assert rc == 0, failures
+    assert changed(stats) == {}
+    assert "no other node was contacted" in decision_of(events)
+    assert contacted(events, "vm1") == []
+    assert "Bring the training log, the loss plot and the trained model to the controller" in (
+        " ".join(contacted(events, "vm0"))
+    )
+
+    vm0.sh(f"sed -i 's/{record['container']['id']}/000000000000/' {record_path}")
+    rc, stats, failures, events = play(
+        e2e["inventory"], e2e["tmp"] / "stale", "e2e", **hub_vars(e2e["hub"])
+    )
+    assert rc == 0, failures
+    assert changed(stats) == {"vm0": 1}  # the record, written again
+    assert "no other node was contacted" not in decision_of(events)
+    assert any("Find the other ranks' NIC" in task for task in contacted(events, "vm1"))
+    assert json.loads(vm0.sh(f"cat {record_path}").stdout) == record
+
+
 def test_a_rule_widened_or_deleted_behind_its_back_is_put_back(e2e, box):
     """The rule the first run created through the API, changed by someone else: the next run
     puts it back as planned (and changes nothing else: the finished job is not relaunched)."""

@@ -90,12 +90,12 @@ def test_the_flag_means_exactly_its_four_things():
     uses = uses_of_the_flag()
     assert [(path, line.split(":")[0]) for path, line in uses] == [
         ("roles/discover_network/defaults/main.yml", "discover_network_gcp_metadata"),
-        ("roles/discover_network/tasks/main.yml", "pci_slots_from_names"),
-        ("roles/discover_network/tasks/main.yml", "pci_slots_from_names"),
+        ("roles/discover_network/tasks/nodes.yml", "pci_slots_from_names"),
+        ("roles/discover_network/tasks/rank0.yml", "pci_slots_from_names"),
         ("roles/llamafactory/defaults/main.yml", FLAG),
         ("roles/llamafactory/defaults/main.yml", "llamafactory_ulimits"),
         ("roles/nccl_plugin/defaults/main.yml", "nccl_plugin_rxdm_privileged"),
     ], uses
-    master, own = [line for path, line in uses if path.endswith("tasks/main.yml")]
+    own, master = [line for path, line in uses if "discover_network/tasks/" in path]
     assert re.search(rf"master\.{FLAG} \| default\({FLAG}\)", master), master
     assert "master." not in own

@@ -10,6 +10,7 @@ import sys
 import ansible_run
 import pytest
 from ansible_collections.hostnet.llamafactory.plugins.action import job_results as action
+from ansible_collections.hostnet.llamafactory.plugins.module_utils import _job_status as job_status
 from ansible_collections.hostnet.llamafactory.plugins.module_utils import _results as node_results
 from ansible_collections.hostnet.llamafactory.plugins.plugin_utils import _results
 
@@ -176,3 +177,27 @@ def test_a_missing_output_folder_has_no_model(tmp_path):
     got = collect(tmp_path, model_fetch=False)
     assert got["model"]["files"] == [] and not got["model"]["verified"]
     assert got["missing"] == FILES
+
+
+def test_the_finished_jobs_record_is_written_once_0600_and_read_back(tmp_path, output):
+    """The record a re-run reads with rank 0's job (job_status's `record`): written when it
+    differs (not in check mode), 0600, and then a change no more."""
+    path = tmp_path / "job" / "finished.json"
+    path.parent.mkdir()
+    record = {"job": "sft", "container": {"id": "3f2a9c0d1e4b"}, "ranks": {"vm0": 0, "vm1": 1}}
+    with_record = {"model_dir": "", "files": [], "record": record, "record_path": str(path)}
+    got = collect(tmp_path, check=True, **with_record)
+    assert got["changed"] and got["recorded"] and not path.exists()
+    got = collect(tmp_path, **with_record)
+    assert got["changed"] and got["recorded"]
+    assert json.loads(path.read_text()) == record and path.stat().st_mode & 0o777 == 0o600
+    assert list(path.parent.iterdir()) == [path]  # no temporary file left
+    again = collect(tmp_path, **with_record)
+    assert again["changed"] is False and again["recorded"] is False
+    moved = {**record, "container": {"id": "77aa00bb11cc"}}
+    assert collect(tmp_path, **{**with_record, "record": moved})["recorded"]
+    assert job_status.record(str(path)) == moved
+    assert job_status.record(None) is None
+    path.write_text('{"job": "sf')  # half written (another writer): no record
+    assert job_status.record(str(path)) is None
+    assert job_status.record(str(tmp_path / "missing.json")) is None

@@ -50,7 +50,7 @@ def test_call_site(call_sites):
     # (llamafactory's `when` that loads every filter once is a bare expression: every run uses it)
     assert call_sites("network_report", network_report) == [
         (
-            "roles/discover_network/tasks/main.yml",
+            "roles/discover_network/tasks/nodes.yml",
             0,
             ["ranks", "master_addrs", "reached_at", "platform"],
         )

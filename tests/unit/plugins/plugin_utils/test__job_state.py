@@ -8,7 +8,16 @@ from ansible_collections.hostnet.llamafactory.plugins.module_utils import _job a
 from ansible_collections.hostnet.llamafactory.plugins.module_utils._job import LABEL_DIGEST
 from ansible_collections.hostnet.llamafactory.plugins.plugin_utils import _job_state as job
 from ansible_collections.hostnet.llamafactory.plugins.plugin_utils._diagnosis import diagnose
-from job_captures import DIGEST_CAPTURE_RANK1, FIXTURES, LOGS, epoch, inspect, listing, report
+from job_captures import (
+    DIGEST_CAPTURE_RANK1,
+    DIGEST_DEMO_RANK0,
+    FIXTURES,
+    LOGS,
+    epoch,
+    inspect,
+    listing,
+    report,
+)
 
 
 def test_common_checkpoint():
@@ -705,3 +714,93 @@ def test_a_reports_wanted_digest_still_counts_without_labels_match():
     reports["vm1"]["wanted"] = "fedcba9876543210"
     result = job.decide_launch(reports, digest=DIGEST_CAPTURE_RANK1, job="x")
     assert result["action"] == "refuse" and "on vm1 with a different configuration" in result["why"]
+
+
+# ------------------------------------------------------------------ a job read from rank 0 alone
+
+NODES = {"vm0": 0, "vm1": 1, "vm2": 2}
+ADDRESSES = {"vm0": "10.0.0.2", "vm1": "10.0.0.3", "vm2": "10.0.0.4"}
+
+
+def finished_rank0(**record):
+    """Rank 0's read of a job it finished (inspect-exited-0.json), with the record the collect
+    step wrote (its defaults: this container, the same nodes and ranks)."""
+    read = report("exited-0", 0)
+    read["record"] = {
+        "job": "demo",
+        "container": job.record_of(read),
+        "ranks": NODES,
+        "addresses": ADDRESSES,
+        **record,
+    }
+    return read
+
+
+def test_a_recorded_finished_job_stands_for_every_rank_and_is_kept():
+    found = job.settled(finished_rank0(), DIGEST_DEMO_RANK0, "demo", NODES, "vm0")
+    assert found["addresses"] == ADDRESSES
+    assert set(found["reports"]) == set(NODES)
+    assert found["reports"]["vm0"]["container"]["exit_code"] == 0
+    assert found["reports"]["vm0"]["wanted"] == DIGEST_DEMO_RANK0
+    decision = job.decide_launch(found["reports"], job="demo", ranks=NODES)
+    assert (decision["action"], decision["state"]) == ("keep", "finished")
+    # The wait's judgment over the same reports: finished, with rank 0's progress.
+    watch = {"state": "finished", "elapsed": 0.1}
+    judged = job.judge_wait(
+        watch, found["reports"], NODES, "demo", now=epoch("2026-01-01T00:00:00")
+    )
+    assert judged["failed"] is False and judged["state"] == "finished"
+
+
+@pytest.mark.parametrize(
+    ("why", "read", "digest", "ranks"),
+    [
+        (
+            "no record (finished before records, or never collected)",
+            report("exited-0", 0),
+            None,
+            NODES,
+        ),
+        ("another job's record", finished_rank0(job="other"), None, NODES),
+        (
+            "a record of an earlier container (launched again since)",
+            finished_rank0(container={"id": "000000000000", "started_at": 1.0}),
+            None,
+            NODES,
+        ),
+        ("rank 0's settings changed (another digest)", finished_rank0(), "0123456789abcdef", NODES),
+        ("a node added", finished_rank0(), None, {**NODES, "vm3": 3}),
+        ("the ranks moved", finished_rank0(), None, {"vm0": 0, "vm1": 2, "vm2": 1}),
+        (
+            "the record lacks a node's address",
+            finished_rank0(addresses={"vm0": "10.0.0.2"}),
+            None,
+            NODES,
+        ),
+        (
+            "rank 0 failed",
+            dict(report("exited-1", 0), record=finished_rank0()["record"]),
+            None,
+            NODES,
+        ),
+        (
+            "rank 0 runs again",
+            dict(report("running", 0), record=finished_rank0()["record"]),
+            None,
+            NODES,
+        ),
+        (
+            "rank 0 has no container",
+            dict(report(None, 0), record=finished_rank0()["record"]),
+            None,
+            NODES,
+        ),
+    ],
+)
+def test_anything_but_the_recorded_job_finished_reads_every_node(why, read, digest, ranks):
+    assert job.settled(read, digest or DIGEST_DEMO_RANK0, "demo", ranks, "vm0") == {}, why
+
+
+def test_only_rank_0s_read_stands_for_the_others():
+    assert job.settled(finished_rank0(), DIGEST_DEMO_RANK0, "demo", NODES, "vm1") == {}
+    assert job.settled(None, DIGEST_DEMO_RANK0, "demo", NODES, "vm0") == {}
