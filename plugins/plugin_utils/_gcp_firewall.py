@@ -379,8 +379,8 @@ def plan(settings):
             address = nodes[host]
             if not address:
                 raise FirewallError(
-                    "the internal address of %s is not known (primary_nic.address): run the role "
-                    "discover_network on the nodes first (train.yml does), or set "
+                    "the internal address of %s is not known (discover_network_addresses): run "
+                    "the role discover_network on the nodes first (train.yml does), or set "
                     "gcp_firewall_source to tag or ranges" % host
                 )
             try:

@@ -70,9 +70,10 @@ def test_values_from_extra_vars_come_as_strings(firewall_settings):
             "gcp_firewall_ssh_source_ranges contains '0/0', which is not an address range",
         ),
         (
-            # A node whose discovery did not run (primary_nic missing: `default(none)`).
+            # A node whose discovery did not run (none in discover_network_addresses).
             {"nodes": {"trainer-0": None, "trainer-1": "10.128.0.6"}},
-            "the internal address of trainer-0 is not known (primary_nic.address): run the role "
+            "the internal address of trainer-0 is not known (discover_network_addresses): run the "
+            "role "
             "discover_network",
         ),
         ({"cluster": "LlamaFactory"}, "gcp_firewall_cluster_name is 'LlamaFactory'"),
