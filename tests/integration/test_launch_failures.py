@@ -267,7 +267,8 @@ def test_a_stopped_vm_is_started_the_job_resumes_and_the_vms_stop_when_done(
             )
         tasks = [e["event_data"]["task"] for e in events if e.get("event") == "runner_on_ok"]
         assert tasks.index(
-            "Bring the training log, the loss plot and the trained model to the controller"
+            "Bring the training log, the loss plot and the trained model to the controller, "
+            "and record the job's end on rank 0"
         ) < tasks.index("Stop or delete the VM through the Compute Engine API")
     finally:
         thread.join(900)
