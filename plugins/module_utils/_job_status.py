@@ -58,7 +58,7 @@ def agent_state(path):
         return None
     if not isinstance(state, dict):
         return None
-    keep = ("state", "attempt", "code", "restarts", "peers")
+    keep = ("state", "attempt", "code", "restarts", "peers", "addresses")
     return dict((key, state[key]) for key in keep if key in state)
 
 

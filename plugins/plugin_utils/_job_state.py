@@ -175,6 +175,7 @@ def settled(report, digest, job, ranks, host):
         and found.get("ranks") == ranks
         and ranks.get(host) == 0
         and set(found.get("addresses") or {}) == set(ranks)
+        and all(found["addresses"].values())
     ):
         return {}
     reports = {}

@@ -457,10 +457,17 @@ class Agent:
             for peer in self.peers
         )
 
+    def addresses(self):
+        """Every rank's training address as this agent was given them (by rank), for the state
+        file: the collect step records them after playbooks/wait.yml, which finds no NIC."""
+        found = dict((str(peer.rank), peer.address) for peer in self.peers)
+        found[str(self.settings["rank"])] = self.settings["address"]
+        return found
+
     def set_state(self, **state):
         with self.lock:
             self.state.update(state)
-            text = json.dumps(dict(self.state, peers=self.view()))
+            text = json.dumps(dict(self.state, peers=self.view(), addresses=self.addresses()))
         path = self.settings.get("state_file")
         if path:
             with contextlib.suppress(OSError):

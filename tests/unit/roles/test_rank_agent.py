@@ -158,8 +158,11 @@ def test_a_failed_rank_stops_the_others_and_its_code_is_kept(job, tmp_path):
         assert code == expected, err
     assert "exited with code 3" in err or "exited with code 75" in err
     # Rank 0's view of the others, which the controller's wait reads (one fork for the job).
-    view = json.loads((tmp_path / "state0.json").read_text())["peers"]
+    state = json.loads((tmp_path / "state0.json").read_text())
+    view = state["peers"]
     assert sorted(view) == ["1", "2"]
+    # Every rank's address as the agent was given them (the collect step's record after wait.yml).
+    assert state["addresses"] == {"0": "127.0.0.2", "1": "127.0.0.3", "2": "127.0.0.4"}
     assert view["1"]["answer"]["state"] == "exited" and view["1"]["answer"]["code"] == 3
     assert isinstance(view["1"]["seen_at"], float) and "quiet_s" in view["2"]["answer"]
 

@@ -778,6 +778,12 @@ def test_a_recorded_finished_job_stands_for_every_rank_and_is_kept():
             NODES,
         ),
         (
+            "a node's address unknown (an agent that did not say it)",
+            finished_rank0(addresses={**ADDRESSES, "vm2": None}),
+            None,
+            NODES,
+        ),
+        (
             "rank 0 failed",
             dict(report("exited-1", 0), record=finished_rank0()["record"]),
             None,
