@@ -103,7 +103,8 @@ NOTES = {
         "5 s (at most 60 s). Per "
         "repetition and count: "
         "`train.yml` with `launch_wait=false`, then `playbooks/wait.yml` until the 120-step job "
-        "(0.5 s a step) finishes, then `train.yml` again (changed=0), then `train.yml` with "
+        "(0.5 s a step) finishes, then `train.yml` again (changed=0; the job read from rank "
+        "0's node alone), then `train.yml` with "
         "another job in bridge networking, timed until the preflight names it "
         "(container-not-on-host-network). CPU: user+system seconds "
         "of ansible-playbook and every process it started. The machine's cores busy: the "
@@ -146,7 +147,8 @@ NOTES = {
     ),
     "rerun": (
         "`train.yml` with the job already finished (every task ok, none changed), 8 VMs versus "
-        "their first 2 (the same cluster, two inventories). CPU: user+system seconds of "
+        "their first 2 (the same cluster, two inventories); the job is read from rank 0's node "
+        "alone (the record its collect step left there). CPU: user+system seconds of "
         "ansible-playbook and every process it started, its ssh masters included (each run "
         "opens its own connections). The VMs' CPU: user+system seconds of every process in the "
         "run's VM containers (their cgroups), idle work included. The 8 VMs run on the same 2 "
