@@ -47,23 +47,8 @@ def trainer_log_tail(output_dir, since=None):
     return data if size <= TRAINER_LOG_TAIL_BYTES else data.split("\n", 1)[-1]
 
 
-def agent_state(path):
-    """The agent's state file as a dict, or None (no agent, not written yet, half written)."""
-    if not path:
-        return None
-    try:
-        with open(path) as handle:
-            state = json.load(handle)
-    except (IOError, OSError, ValueError):
-        return None
-    if not isinstance(state, dict):
-        return None
-    keep = ("state", "attempt", "code", "restarts", "peers", "addresses")
-    return dict((key, state[key]) for key in keep if key in state)
-
-
-def record(path):
-    """The finished job's record (job_results wrote it on rank 0's node) as a dict, or None."""
+def _json_object(path):
+    """A JSON object file as a dict, or None (no path, not written yet, half written)."""
     if not path:
         return None
     try:
@@ -72,6 +57,20 @@ def record(path):
     except (IOError, OSError, ValueError):
         return None
     return found if isinstance(found, dict) else None
+
+
+def agent_state(path):
+    """The agent's state file as a dict, or None (no agent, not written yet, half written)."""
+    state = _json_object(path)
+    if state is None:
+        return None
+    keep = ("state", "attempt", "code", "restarts", "peers", "addresses")
+    return dict((key, state[key]) for key in keep if key in state)
+
+
+def record(path):
+    """The finished job's record (job_results wrote it on rank 0's node) as a dict, or None."""
+    return _json_object(path)
 
 
 def query(docker, params, check_mode):
