@@ -25,7 +25,7 @@ def test_rank_0s_recorded_finish_gives_every_ranks_report_and_address():
 
 def test_positional_options_are_refused():
     with pytest.raises(TypeError):
-        job_settled({}, "digest", "demo", RANKS, "vm0")
+        job_settled({}, "digest", "demo", RANKS, "vm0")  # pylint: disable=missing-kwoa
 
 
 def test_the_call_site_binds(call_sites):
