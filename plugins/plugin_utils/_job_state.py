@@ -188,7 +188,6 @@ def settled(report, digest, job, ranks, host):
                 "container": {"state": "exited", "exit_code": 0},
                 "labels_match": True,
                 "checkpoints": [],
-                "recorded": True,
             }
     return {"reports": reports, "addresses": dict(found["addresses"])}
 
