@@ -10,6 +10,7 @@ from __future__ import absolute_import, division, print_function
 __metaclass__ = type
 
 import os
+import shlex
 
 # The options every body takes (those of a module that creates containers).
 OPTIONS = dict(
@@ -130,6 +131,52 @@ def create_body(params, env=None):
     if env:
         body["Env"] = list(env)
     return body
+
+
+def _gpus(request):
+    """One device request as `docker run --gpus` writes it: the IDs, else the count (-1: all)."""
+    if request.get("device_ids"):
+        return "device=" + ",".join(str(one) for one in request["device_ids"])
+    count = request.get("count", 0)
+    return "all" if count == -1 else str(count)
+
+
+def docker_run_script(name, params):
+    """A POSIX sh script that starts, by hand, the container create_body(params) describes
+    (the same options as `docker run` flags; the env file read by the docker CLI as the module
+    reads it), replacing any container called `name`."""
+    quote = shlex.quote
+    labels = params["labels"] or {}
+    flags = ["--name " + quote(name), "--network " + quote(params["network_mode"])]
+    if params.get("ipc_mode"):
+        flags.append("--ipc " + quote(params["ipc_mode"]))
+    flags.append("--restart no")
+    if params.get("env_file"):
+        flags.append("--env-file " + quote(params["env_file"]))
+    if params.get("working_dir"):
+        flags.append("--workdir " + quote(params["working_dir"]))
+    flags += ["-v " + quote(volume) for volume in params["volumes"] or []]
+    flags += ["-p " + quote(str(port)) for port in params["published_ports"] or []]
+    for text in params.get("ulimits") or []:
+        limit = ulimit(text)
+        flags.append("--ulimit %s=%d:%d" % (quote(limit["Name"]), limit["Soft"], limit["Hard"]))
+    flags += ["--device " + quote(text) for text in params.get("devices") or []]
+    flags += ["--gpus " + quote(_gpus(request)) for request in params["device_requests"] or []]
+    flags += ["--label " + quote("%s=%s" % (key, labels[key])) for key in sorted(labels)]
+    run = [quote(params["image"])] + [quote(str(part)) for part in params["command"]]
+    lines = [
+        "#!/bin/sh",
+        "# Written by hostnet.llamafactory's job_container as it started this container (job %s,"
+        % labels.get("hostnet.llamafactory.job", "-"),
+        "# rank %s): run it to start the same container by hand."
+        % labels.get("hostnet.llamafactory.rank", "-"),
+        "set -eu",
+        "docker rm -f %s >/dev/null 2>&1 || true" % quote(name),
+        "exec docker run -d \\",
+    ]
+    lines += ["    %s \\" % flag for flag in flags]
+    lines.append("    " + " ".join(run))
+    return "\n".join(lines) + "\n"
 
 
 def replace(docker, name, body):

@@ -83,6 +83,13 @@ options:
     description: The container's labels.
     type: dict
     default: {}
+  script:
+    description:
+      - Also write this container's C(docker run) here (mode 0750, owned by root), to start the
+        same container by hand - written from the options above as the container is started,
+        and only where its content differs (the rest of the job's files are written before,
+        by M(hostnet.llamafactory.job_files) or the preflight's probe).
+    type: path
   remove:
     description: Other containers removed first, where there are any (the preflight's probe,
       ended on this node after rank 0 read its report), in the same call.
@@ -116,6 +123,7 @@ EXAMPLES = r"""
     ulimits: ["memlock:-1:-1"]
     device_requests: [{driver: nvidia, count: -1, capabilities: [[gpu]]}]
     labels: {hostnet.llamafactory.job: demo}
+    script: /var/lib/llamafactory/jobs/demo/launch.sh
   become: true
 """
 
@@ -124,10 +132,15 @@ container_id:
   description: The new container's ID (null in check mode).
   returned: always
   type: str
+script_changed:
+  description: Whether O(script) was written (or would be, in check mode).
+  returned: always
+  type: bool
 """
 
 from ansible.module_utils.basic import AnsibleModule
 from ansible_collections.hostnet.llamafactory.plugins.module_utils import _container as container
+from ansible_collections.hostnet.llamafactory.plugins.module_utils import _job_files as files
 from ansible_collections.hostnet.llamafactory.plugins.module_utils._docker_api import (
     OPTIONS as DOCKER_OPTIONS,
 )
@@ -149,6 +162,7 @@ def main():
             env_file=dict(type="path"),
             ulimits=dict(type="list", elements="str", default=[]),
             devices=dict(type="list", elements="str", default=[]),
+            script=dict(type="path"),
             remove=dict(type="list", elements="str", default=[]),
             **DOCKER_OPTIONS,
         ),
@@ -161,10 +175,21 @@ def main():
             with open(params["env_file"], encoding="utf-8") as handle:
                 env = container.env_file_lines(handle.read())
         body = container.create_body(params, env)
-    except (IOError, OSError, container.ContainerSpecError) as exc:
+        script = {}
+        if params["script"]:
+            entry = dict(
+                path=params["script"],
+                state="file",
+                content=container.docker_run_script(params["name"], params),
+                content_base64=None,
+                mode="0750",
+                json=False,
+            )
+            script = files.write([entry], "root", "root", module.check_mode)
+    except (IOError, OSError, container.ContainerSpecError, files.EntryError) as exc:
         module.fail_json(msg="container %s: %s" % (params["name"], exc))
     if module.check_mode:
-        module.exit_json(changed=True, container_id=None)
+        module.exit_json(changed=True, container_id=None, script_changed=bool(script))
     try:
         docker = DockerAPI.from_params(params)
         for other in params["remove"]:
@@ -172,7 +197,7 @@ def main():
         found = container.replace(docker, params["name"], body)
     except DockerError as exc:
         module.fail_json(msg="container %s: %s" % (params["name"], exc))
-    module.exit_json(changed=True, container_id=found)
+    module.exit_json(changed=True, container_id=found, script_changed=bool(script))
 
 
 if __name__ == "__main__":

@@ -117,3 +117,24 @@ def test_the_ended_probe_is_removed_in_the_same_call(dockerd, socket_path, tmp_p
     ]
     again = rank(tmp_path, socket_path, remove=[probe])
     assert again["changed"] and not again.get("failed"), again
+
+
+def test_the_script_is_the_started_container_by_hand(dockerd, socket_path, tmp_path):
+    """script: the container's docker run, written as it starts (0750), rewritten only when it
+    differs; nothing written in check mode."""
+    dockerd.images[IMAGE] = "sha256:" + "1" * 64
+    script = tmp_path / "launch.sh"
+    checked = rank(tmp_path, socket_path, script=str(script), _ansible_check_mode=True)
+    assert checked["script_changed"] and not script.exists()
+    first = rank(tmp_path, socket_path, script=str(script))
+    assert first["script_changed"] and not first.get("failed"), first
+    text = script.read_text()
+    assert oct(script.stat().st_mode & 0o777) == "0o750"
+    assert f"exec docker run -d \\\n    --name {NAME} \\\n    --network host \\\n" in text
+    assert f"--env-file {tmp_path}/env \\\n" in text and "--gpus all \\\n" in text
+    command = "python3 /jobs/demo/rank_agent.py /jobs/demo/agent.json -- llamafactory-cli"
+    assert text.endswith(f"    {IMAGE} {command}\n")
+    again = rank(tmp_path, socket_path, script=str(script))
+    assert again["changed"] and not again["script_changed"]
+    other = rank(tmp_path, socket_path, script=str(script), labels={"hostnet.llamafactory.rank": 2})
+    assert other["script_changed"] and "hostnet.llamafactory.rank=2" in script.read_text()
