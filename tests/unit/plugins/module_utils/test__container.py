@@ -67,7 +67,7 @@ RANK = {
     "working_dir": "/jobs/my job",
     "ipc_mode": "host",
     "env_file": "/jobs/my job/env",
-    "ulimits": ["memlock:-1:-1", "nofile:1048576"],
+    "ulimits": ["memlock:-1:-1", "nofile:1024:4096"],
     "devices": ["/dev/infiniband", "/dev/aperture_devices:/dev/aperture_devices:rw"],
 }
 
