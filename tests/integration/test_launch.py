@@ -327,10 +327,11 @@ def test_a_second_run_changes_nothing(e2e):
         not {
             "Stop the ranks that still run, pull the image, write the launch's files, restore a "
             "checkpoint part, fetch the Hub (where due)",
-            "Launch and wait",
+            "Start the rank",
+            "End the launch when it does not wait (launch_wait=false, check mode)",
+            "Start the wait without a verdict",
+            "End the launch unless a restart was decided",
             "Restart after a failure a restart can cure, and wait again (launch_max_restarts)",
-            "Launch",
-            "Wait and judge",
             "Look at every rank after the wait (stopping what still runs after a failure)",
             "Read the rank's log",
         }

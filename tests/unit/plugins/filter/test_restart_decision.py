@@ -1,4 +1,4 @@
-"""The filter restart_decision as roles/launch/tasks/attempt.yml calls it: the advice of the
+"""The filter restart_decision as roles/launch/tasks/attempt_wait.yml calls it: the advice of the
 judgment (job_outcome's `restart`) or of the VMs' status (gcp_instances' stopped-VM advice with
 the step), the restarts so far (the controller's and the agents'), and launch_max_restarts,
 which an extra var makes a string."""
@@ -12,7 +12,7 @@ from ansible_collections.hostnet.llamafactory.plugins.filter.restart_decision im
 from job_captures import report
 
 RANKS = {"vm0": 0, "vm1": 1}
-# attempt.yml's advice when the wait failed before the job did (no judgment).
+# attempt_wait.yml's advice when the wait failed before the job did (no judgment).
 NO_JUDGMENT = {"restartable": False, "why": "the wait failed before the job did"}
 
 
@@ -30,7 +30,7 @@ def killed_rank_1():
 
 
 def attempt(advice, restarts, max_restarts):
-    """attempt.yml's decision, and the restarts it records (the advice, numbered)."""
+    """attempt_wait.yml's decision, and the restarts it records (the advice, numbered)."""
     decision = restart_decision(advice, restarts=restarts, max_restarts=max_restarts)
     if decision["restart"]:
         restarts = [*restarts, dict(advice, attempt=len(restarts) + 1)]
@@ -82,5 +82,5 @@ def test_the_call_site_binds(call_sites):
     assert FilterModule().filters()["restart_decision"] is restart_decision
     calls = call_sites("restart_decision", restart_decision)
     assert [(c[0], c[1], sorted(c[2])) for c in calls] == [
-        ("roles/launch/tasks/attempt.yml", 0, ["max_restarts", "restarts"])
+        ("roles/launch/tasks/attempt_wait.yml", 0, ["max_restarts", "restarts"])
     ]
