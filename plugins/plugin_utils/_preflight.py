@@ -638,3 +638,68 @@ def warnings(nodes):
             for h in sorted(known)
         )
     ]
+
+
+def _is_failed(result):
+    return isinstance(result, dict) and bool(result.get("failed"))
+
+
+def node_reports(hosts, hostvars, master, host_network):
+    """Every node's report and discovery facts, read once on the controller from each node's
+    registered results and facts (hostvars): {'reports': host -> the probe's read with the
+    start's error, GPU health, TCPXO's receive-datapath-manager and the missing paths;
+    'nodes': host -> rank, address, interface, MTU, profile, placement}."""
+    gathered = dict(hostvars[master].get("preflight_gathered") or {})
+    reports, nodes = {}, {}
+    for host in hosts:
+        facts = hostvars[host]
+        probe = facts.get("preflight_probe") or {}
+        if not probe.get("skipped"):
+            read = dict(probe)  # read by itself
+        elif host == master:
+            read = dict(gathered)  # rank 0's own, read with the others it gathered
+        else:
+            read = dict((gathered.get("gathered") or {})[host])
+        start = facts.get("preflight_probe_start") or {}
+        start_error = start.get("msg") or "" if _is_failed(start) else ""
+        if _is_failed(start):
+            read["error"] = start_error or "the probe did not start"
+        nic = facts.get("primary_nic") or {}
+        network_profile = nic.get("network_profile") or {}
+        profile = network_profile.get("profile") if host_network else "socket"
+        rxdm = None
+        if profile == "tcpxo":
+            found = facts.get("preflight_rxdm") or {}
+            rxdm = {
+                "state": (found.get("container") or {}).get("state", "missing"),
+                "log_lines": found.get("log_lines", []),
+            }
+        missing = [
+            entry["item"]
+            for entry in (facts.get("preflight_shared_mounts") or {}).get("results", [])
+            if not (entry.get("stat") or {}).get("exists")
+        ]
+        read.update(
+            listener=dict(read.get("listener") or {}, error=start_error),
+            gpu_health=facts.get("preflight_gpu_health_result"),
+            rxdm=rxdm,
+            missing_mounts=[item["path"] for item in missing if "kind" not in item],
+            missing_network=[item for item in missing if "kind" in item],
+        )
+        reports[host] = read
+        placement = facts.get("gcp_resourcePolicies")
+        if placement is None and "gcp_name" in facts:
+            placement = []  # a GCP VM in no placement policy
+        nodes[host] = {
+            "rank": int(facts["discover_network_rank"]),
+            "address": nic.get("address"),
+            "interface": nic.get("interface"),
+            "mtu": nic.get("mtu"),
+            "method": nic.get("method", ""),
+            "profile": profile,
+            "machine_type": network_profile.get("machine_type"),
+            "profile_problems": network_profile.get("problems", []),
+            # The placement policies the VM is in, by the gcp_compute inventory (none: unknown).
+            "placement": placement,
+        }
+    return {"reports": reports, "nodes": nodes}
