@@ -20,9 +20,9 @@ def _nic(address, profile="socket"):
     }
 
 
-def _gathered_read(report=REPORT):
+def _gathered_read():
     return {
-        "report": report,
+        "report": REPORT,
         "error": "",
         "listener": {"state": "exited", "exit_code": 0},
         "container": {"state": "gathered"},
