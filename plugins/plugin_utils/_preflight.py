@@ -640,10 +640,6 @@ def warnings(nodes):
     ]
 
 
-def _is_failed(result):
-    return isinstance(result, dict) and bool(result.get("failed"))
-
-
 def node_reports(hosts, hostvars, master, host_network):
     """Every node's report and discovery facts, read once on the controller from each node's
     registered results and facts (hostvars): {'reports': host -> the probe's read with the
@@ -661,8 +657,9 @@ def node_reports(hosts, hostvars, master, host_network):
         else:
             read = dict((gathered.get("gathered") or {})[host])
         start = facts.get("preflight_probe_start") or {}
-        start_error = start.get("msg") or "" if _is_failed(start) else ""
-        if _is_failed(start):
+        start_failed = bool(start.get("failed"))  # Ansible's `failed` test
+        start_error = (start.get("msg") or "") if start_failed else ""
+        if start_failed:
             read["error"] = start_error or "the probe did not start"
         nic = facts.get("primary_nic") or {}
         network_profile = nic.get("network_profile") or {}
