@@ -11,7 +11,9 @@ name: smoke_verdict
 short_description: The preflight smoke test's verdict on rank 0's output
 version_added: 0.1.0
 description:
-  - Findings that stop the launch - NCCL's INFO log names another network than the node
+  - Findings that stop the launch - rank 0 printed no result (the smoke test failed: the rank
+    that failed first is named from O(statuses), with its last lines and the known causes found
+    in them); NCCL's INFO log names another network than the node
     profile's (C(Socket) where C(FasTrak) or C(gIB) was due - the right environment on plain
     sockets), or none; warnings - bus bandwidth under the machine type's pass mark, compared only
     when the collective, size and GPUs per node are those the pass mark was measured with; and
@@ -36,6 +38,14 @@ options:
     description: GPUs per node.
     type: int
     default: 0
+  ranks:
+    description: Every node (inventory host name) with its node rank, to name a failed rank.
+    type: dict
+  statuses:
+    description:
+      - Every node's M(hostnet.llamafactory.job_status) report of its smoke container, read
+        after a failure (null otherwise).
+    type: dict
 """
 
 EXAMPLES = r"""
@@ -48,16 +58,20 @@ EXAMPLES = r"""
 
 RETURN = r"""
 _value:
-  description: C(findings) (a list of C(id), C(cause), C(fix)), C(warnings) (a list of str) and
-    C(line) (the report).
+  description: C(findings) (a list of C(id), C(cause), C(fix)), C(warnings) (a list of str),
+    C(line) (the report) and C(passed) (a result and no finding).
   type: dict
 """
 
 from ansible_collections.hostnet.llamafactory.plugins.plugin_utils import _preflight as preflight
 
 
-def smoke_verdict(result, *, log_lines, network=None, expected=None, gpus_per_node=0):
-    return preflight.smoke_verdict(result, log_lines, network, expected, gpus_per_node)
+def smoke_verdict(
+    result, *, log_lines, network=None, expected=None, gpus_per_node=0, ranks=None, statuses=None
+):
+    return preflight.smoke_verdict(
+        result, log_lines, network, expected, gpus_per_node, ranks=ranks, statuses=statuses
+    )
 
 
 class FilterModule(object):

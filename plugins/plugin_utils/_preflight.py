@@ -13,6 +13,7 @@ import json
 import re
 
 from ansible_collections.hostnet.llamafactory.plugins.module_utils import _gpu_health
+from ansible_collections.hostnet.llamafactory.plugins.plugin_utils import _diagnosis, _job_state
 
 GB = 1000**3
 
@@ -531,13 +532,19 @@ def _measured_at(result, expected):
 _USING_NETWORK = re.compile(r"NCCL INFO Using network (\S+)")
 
 
-def smoke_verdict(result, log_lines, network=None, expected=None, gpus_per_node=0):
-    """The smoke test's verdict on rank 0's output: findings (NCCL did not use the profile's
-    network: the right environment on plain sockets is a failure), warnings (bus bandwidth under
-    the machine type's pass mark) and the report's line. result: the smoke JSON; network: the
+def smoke_verdict(
+    result, log_lines, network=None, expected=None, gpus_per_node=0, ranks=None, statuses=None
+):
+    """The smoke test's verdict on rank 0's output: findings (it failed: no result from rank 0;
+    NCCL did not use the profile's network: the right environment on plain sockets is a
+    failure), warnings (bus bandwidth under the machine type's pass mark), the report's line
+    and whether it passed. result: the smoke JSON (None when rank 0 printed none); network: the
     NCCL network the profile needs (Socket, FasTrak, gIB); expected: primary_nic's
-    network_profile.expected (None where nothing is known)."""
+    network_profile.expected (None where nothing is known); ranks: {host: rank}; statuses:
+    {host: job_status report of its smoke container}, read after a failure."""
     found, warnings = [], []
+    if not result:
+        found.append(_smoke_failed(log_lines, ranks or {}, statuses or {}))
     used = [m.group(1) for m in (_USING_NETWORK.search(line) for line in log_lines) if m]
     nccl = (result or {}).get("backend") == "nccl"
     if nccl and network and network != "Socket":
@@ -565,7 +572,7 @@ def smoke_verdict(result, log_lines, network=None, expected=None, gpus_per_node=
                 )
             )
     if not result:
-        return {"findings": found, "warnings": warnings, "line": ""}
+        return {"findings": found, "warnings": warnings, "line": "", "passed": False}
     line = "%s of %.1f MB across %s ranks (%s): bus bandwidth %s GB/s (algorithm %s GB/s)" % (
         result.get("collective", "all_reduce"),
         result["bytes"] / 1e6,
@@ -613,7 +620,53 @@ def smoke_verdict(result, log_lines, network=None, expected=None, gpus_per_node=
                 expected.get("gpus"),
             )
         )
-    return {"findings": found, "warnings": warnings, "line": line}
+    return {"findings": found, "warnings": warnings, "line": line, "passed": not found}
+
+
+def _smoke_failed(log_lines, ranks, statuses):
+    """The finding for a smoke test whose rank 0 printed no result: the ranks that exited
+    non-zero, the first one first, with its last lines and the known causes found in them
+    (rank 0's output alone where every node's was not read)."""
+    failed = []
+    for host, status in statuses.items():
+        container = (status or {}).get("container") or {}
+        if container.get("state") == "exited" and container.get("exit_code") not in (0, None):
+            failed.append((container.get("finished_at") or 0, ranks.get(host, 0), host))
+    failed.sort()
+    hosts = sorted(ranks, key=ranks.get)
+    first = failed[0][2] if failed else (hosts[0] if hosts else None)
+    if first is not None and (statuses.get(first) or {}).get("container"):
+        lines = statuses[first].get("log_lines") or []
+        ended = _job_state.describe(statuses[first])
+    else:
+        lines, ended = list(log_lines), "printed no result"
+    across = " (torchrun across %d node%s)" % (len(ranks), "s"[: len(ranks) > 1]) if ranks else ""
+    cause = "the smoke test%s failed: rank %s%s %s%s" % (
+        across,
+        ranks.get(first, 0),
+        " (%s)" % first if first else "",
+        ended,
+        " first" if len(failed) > 1 else "",
+    )
+    if len(failed) > 1:
+        cause += "; then " + ", ".join(
+            "rank %s (%s) %s" % (rank, host, _job_state.describe(statuses[host]))
+            for _when, rank, host in failed[1:]
+        )
+    shown = [line.rstrip() for line in lines if line.strip()][-8:]
+    if shown:
+        cause += ". Its last lines: " + " | ".join(shown)
+    known = _diagnosis.diagnose("\n".join(lines))
+    fix = "; ".join(f["fix"] for f in known) or (
+        "the probes passed, so the nodes reach each other: read the rank's lines above (a "
+        "rendezvous timeout, an import error of the image's torch, an NCCL or Gloo error naming "
+        "the interface: NCCL_SOCKET_IFNAME and GLOO_SOCKET_IFNAME come from discovery, "
+        "llamafactory_env may override them), or set preflight_smoke_test: false to launch "
+        "without it"
+    )
+    if known:
+        cause += ". " + "; ".join(f["cause"] for f in known)
+    return _finding("smoke-test-failed", cause, fix)
 
 
 def warnings(nodes):

@@ -65,6 +65,7 @@ def test_the_demos_gloo_run_on_cpus_passes_with_its_line():
         "warnings": [],
         "line": "all_reduce of 64.0 MB across 2 ranks (gloo): bus bandwidth 0.91 GB/s "
         "(algorithm 0.91 GB/s)",
+        "passed": True,
     }
 
 
@@ -100,6 +101,7 @@ def test_plain_sockets_under_the_tcpxo_profile_stop_the_launch():
     lines = rank0_output(16, "nccl", "all_gather", 8 << 30, 3.1, network="Socket")
     verdict = judge(lines, "a3-megagpu-8g", "tcpxo", gpus_per_node=8)
     assert [f["id"] for f in verdict["findings"]] == ["network-plugin-not-used"]
+    assert verdict["passed"] is False
     # smoke.yml's message: the causes, then "Fix:" and the fixes.
     assert verdict["findings"][0]["cause"].startswith("NCCL used Socket, not FasTrak")
     assert "role nccl_plugin" in verdict["findings"][0]["fix"]
@@ -128,12 +130,72 @@ def test_a_missing_size_or_another_shape_gets_no_fraction():
     assert alone["warnings"] == [] and "(no fraction" in alone["line"]
 
 
-def test_no_result_gives_no_line():
-    assert smoke_verdict(None, log_lines=[], network="Socket") == {
-        "findings": [],
-        "warnings": [],
-        "line": "",
+RANKS = {"vm0": 0, "vm1": 1, "vm2": 2}
+
+
+def status(state, code=None, finished=None, lines=()):
+    """A node's job_status report of its smoke container (module_utils/_job_status.py's keys)."""
+    container = {"state": state}
+    if state == "exited":
+        container.update(exit_code=code, finished_at=finished, oom_killed=False)
+    return {"container": container, "log_lines": list(lines)}
+
+
+def test_a_failed_smoke_test_names_the_rank_that_failed_first_with_its_lines():
+    # rank 2 could not reach rank 0's store first; rank 0 then timed out in its collective.
+    statuses = {
+        "vm0": status("exited", 1, 1796000105.0, ["smoke test: rank 0 of 3 joined in 1.0 s"]),
+        "vm1": status("exited", 0, 1796000104.0),
+        "vm2": status(
+            "exited",
+            1,
+            1796000100.0,
+            ["Traceback (most recent call last):", "RuntimeError: connect() timed out.", ""],
+        ),
     }
+    verdict = smoke_verdict(
+        None, log_lines=["smoke test: rank 0 of 3 joined in 1.0 s"], ranks=RANKS, statuses=statuses
+    )
+    assert verdict["passed"] is False and verdict["line"] == ""
+    [finding] = verdict["findings"]
+    assert finding["id"] == "smoke-test-failed"
+    assert finding["cause"] == (
+        "the smoke test (torchrun across 3 nodes) failed: rank 2 (vm2) exited with code 1 "
+        "first; then rank 0 (vm0) exited with code 1. Its last lines: Traceback (most recent "
+        "call last): | RuntimeError: connect() timed out."
+    )
+    assert "preflight_smoke_test: false" in finding["fix"]
+
+
+def test_a_known_cause_in_the_failed_ranks_lines_gives_its_fix():
+    line = "NCCL WARN socketStartConnect: Connect to 172.17.0.2<49113> failed : Software"
+    statuses = {"vm0": status("exited", 1, 5.0, [line]), "vm1": status("exited", 143, 9.0)}
+    [finding] = smoke_verdict(None, log_lines=[], ranks={"vm0": 0, "vm1": 1}, statuses=statuses)[
+        "findings"
+    ]
+    assert finding["cause"].startswith(
+        "the smoke test (torchrun across 2 nodes) failed: rank 0 (vm0) exited with code 1 first; "
+        "then rank 1 (vm1) stopped (SIGTERM, exit 143). Its last lines: NCCL WARN"
+    )
+    assert finding["cause"].endswith(
+        "a Docker bridge address: the containers run on Docker's "
+        "bridge network and advertise addresses that only their own VM can reach."
+    )
+    assert finding["fix"].startswith("Run the training containers with host networking")
+
+
+def test_rank_0_without_a_result_and_no_rank_read_is_named_from_its_own_output():
+    # Rank 0 stopped at the wait's timeout (still running, then stopped): its own lines.
+    statuses = {"vm0": status("exited", 137, 3.0, ["smoke test: rank 0 of 2 joined in 1.0 s"])}
+    [finding] = smoke_verdict(None, log_lines=[], ranks={"vm0": 0}, statuses=statuses)["findings"]
+    assert finding["cause"].startswith(
+        "the smoke test (torchrun across 1 node) failed: rank 0 (vm0) killed (SIGKILL, exit 137). "
+        "Its last lines: smoke test: rank 0 of 2"
+    )
+    alone = smoke_verdict(None, log_lines=["torchrun: not found"], network="Socket")
+    assert alone["findings"][0]["cause"] == (
+        "the smoke test failed: rank 0 printed no result. Its last lines: torchrun: not found"
+    )
 
 
 def test_options_by_name_only():
@@ -148,6 +210,6 @@ def test_the_call_site_names_every_option(call_sites):
         (
             "roles/preflight/tasks/smoke.yml",
             0,
-            ["expected", "gpus_per_node", "log_lines", "network"],
+            ["expected", "gpus_per_node", "log_lines", "network", "ranks", "statuses"],
         )
     ]

@@ -498,6 +498,7 @@ def test_under_the_pass_mark_is_a_warning_and_other_shapes_get_no_fraction():
         "warnings": [],
         "line": "all_reduce of 64.0 MB across 16 ranks (gloo): bus bandwidth 1.2 GB/s "
         "(algorithm 1.28 GB/s)",
+        "passed": True,
     }
 
 
