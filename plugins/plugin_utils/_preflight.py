@@ -623,6 +623,21 @@ def smoke_verdict(
     return {"findings": found, "warnings": warnings, "line": line, "passed": not found}
 
 
+# The line a Python traceback ends with ("RuntimeError: ...", "torch...ChildFailedError:").
+_EXCEPTION_LINE = re.compile(r"^(\[rank\d+\]:\s*)?[\w.]*(Error|Exception|Failure)\b.*:")
+
+
+# torchrun's summary of the failure ("exitcode  : -14", "traceback : Signal 14 (SIGALRM) ...").
+_ROOT_CAUSE = re.compile(r"^(exitcode|traceback)\s*:")
+# smoke_allreduce.py's line once init_process_group returned.
+_JOINED = re.compile(r"smoke test: rank \d+ of \d+ joined")
+
+
+def _unique(lines):
+    seen = set()
+    return [line for line in lines if not (line in seen or seen.add(line))]
+
+
 def _smoke_failed(log_lines, ranks, statuses):
     """The finding for a smoke test whose rank 0 printed no result: the ranks that exited
     non-zero, the first one first, with its last lines and the known causes found in them
@@ -653,10 +668,30 @@ def _smoke_failed(log_lines, ranks, statuses):
             "rank %s (%s) %s" % (rank, host, _job_state.describe(statuses[host]))
             for _when, rank, host in failed[1:]
         )
-    shown = [line.rstrip() for line in lines if line.strip()][-8:]
-    if shown:
-        cause += ". Its last lines: " + " | ".join(shown)
+    shown = [line.strip() for line in lines if line.strip()]
+    errors = [line for line in shown if _EXCEPTION_LINE.match(line) or _ROOT_CAUSE.match(line)]
+    if errors:
+        cause += ". Its errors: " + " | ".join(_unique(errors)[-3:])
+    elif shown:
+        cause += ". Its last lines: " + " | ".join(shown[-8:])
     known = _diagnosis.diagnose("\n".join(lines))
+    if any("SIGALRM" in line for line in shown):
+        joined = any(_JOINED.search(line) for line in shown)
+        known.append(
+            _finding(
+                "smoke-test-deadline",
+                "It reached the smoke test's deadline (SIGALRM, preflight_timeout) %s"
+                % (
+                    "in its collective"
+                    if joined
+                    else "before the ranks joined: their connections to each other hang"
+                ),
+                "open every TCP port between the nodes: Gloo and NCCL connect on ephemeral "
+                "ports (32768-60999 on Linux), which the probes do not reach (they test "
+                "MASTER_PORT, the preflight and agents' ports); a larger preflight_timeout "
+                "where the collective is only slow",
+            )
+        )
     fix = "; ".join(f["fix"] for f in known) or (
         "the probes passed, so the nodes reach each other: read the rank's lines above (a "
         "rendezvous timeout, an import error of the image's torch, an NCCL or Gloo error naming "

@@ -246,6 +246,42 @@ def test_mtu_mismatch(train_cluster, tmp_path):
     assert_nothing_started((vm0, vm1), "pf-mtu")
 
 
+def test_a_smoke_test_that_fails_names_the_rank_and_leaves_nothing(train_cluster, tmp_path):
+    """The probes pass (MASTER_PORT, the preflight port and the agents' port are open) but
+    Gloo's connections between the ranks, on ephemeral ports, are dropped on both nodes: the
+    smoke test fails, every node is read and the rank that failed is named with its lines; no
+    smoke test's or rank's container is left."""
+    inventory, vms = train_cluster
+    port, preflight_port, agent_port = 29778, 49778, 39778
+    rules = [
+        "INPUT -i {nic} -p tcp -m conntrack --ctstate NEW --dport 32768:60999 -j DROP",
+        f"INPUT -i {{nic}} -p tcp --dport {preflight_port} -j ACCEPT",
+        f"INPUT -i {{nic}} -p tcp --dport {agent_port} -j ACCEPT",
+    ]
+    for vm in vms:
+        for rule in rules:
+            vm.sh(f"iptables -I {rule.format(nic=vm.node['nic'])}")
+    try:
+        rc, failures, _unreachable = train(
+            inventory,
+            tmp_path,
+            "pf-smoke",
+            llamafactory_master_port=port,
+            preflight_timeout=20,
+        )
+    finally:
+        for vm in vms:
+            for rule in rules:
+                vm.sh(f"iptables -D {rule.format(nic=vm.node['nic'])}", check=False)
+    assert rc != 0
+    message = failures["vm0"]
+    assert message.startswith("the smoke test (torchrun across 2 nodes) failed: rank "), message
+    # Gloo's connections hang until the test's own deadline ends the rank (not a stop's signal).
+    assert "(SIGALRM, preflight_timeout) before the ranks joined" in message, message
+    assert "Fix: open every TCP port between the nodes" in message, message
+    assert_nothing_started(vms, "pf-smoke")
+
+
 DOCTOR = "playbooks/doctor.yml"
 
 

@@ -161,10 +161,62 @@ def test_a_failed_smoke_test_names_the_rank_that_failed_first_with_its_lines():
     assert finding["id"] == "smoke-test-failed"
     assert finding["cause"] == (
         "the smoke test (torchrun across 3 nodes) failed: rank 2 (vm2) exited with code 1 "
-        "first; then rank 0 (vm0) exited with code 1. Its last lines: Traceback (most recent "
-        "call last): | RuntimeError: connect() timed out."
+        "first; then rank 0 (vm0) exited with code 1. Its errors: RuntimeError: connect() "
+        "timed out."
     )
     assert "preflight_smoke_test: false" in finding["fix"]
+
+
+def test_the_errors_torchrun_printed_are_shown_once_each():
+    lines = [
+        "[rank0]: Traceback (most recent call last):",
+        '[rank0]:   File "/smoke.py", line 96, in main',
+        "[rank0]: RuntimeError: Gloo connectFullMesh failed with [../gloo/transport/tcp/pair.cc]",
+        "[rank0]: RuntimeError: Gloo connectFullMesh failed with [../gloo/transport/tcp/pair.cc]",
+        "E1204 torch/distributed/elastic/multiprocessing/api.py failed (exitcode: 1)",
+        "torch.distributed.elastic.multiprocessing.errors.ChildFailedError: ",
+        "/smoke.py FAILED",
+    ]
+    statuses = {"vm0": status("exited", 1, 5.0, lines), "vm1": status("exited", 0, 4.0)}
+    [finding] = smoke_verdict(None, log_lines=[], ranks={"vm0": 0, "vm1": 1}, statuses=statuses)[
+        "findings"
+    ]
+    assert finding["cause"].endswith(
+        "rank 0 (vm0) exited with code 1. Its errors: [rank0]: RuntimeError: Gloo "
+        "connectFullMesh failed with [../gloo/transport/tcp/pair.cc] | "
+        "torch.distributed.elastic.multiprocessing.errors.ChildFailedError:"
+    )
+
+
+def test_a_rank_at_the_deadline_before_joining_points_at_the_ports_between_the_nodes():
+    # torchrun's summary of a child ended by smoke_allreduce.py's SIGALRM.
+    lines = [
+        "torch.distributed.elastic.multiprocessing.errors.ChildFailedError: ",
+        "============================================================",
+        "/smoke.py FAILED",
+        "Root Cause (first observed failure):",
+        "  exitcode  : -14 (pid: 57)",
+        "  error_file: <N/A>",
+        "  traceback : Signal 14 (SIGALRM) received by PID 57",
+    ]
+    statuses = {"vm0": status("exited", 1, 9.0), "vm1": status("exited", 1, 5.0, lines)}
+    [finding] = smoke_verdict(None, log_lines=[], ranks={"vm0": 0, "vm1": 1}, statuses=statuses)[
+        "findings"
+    ]
+    assert finding["cause"] == (
+        "the smoke test (torchrun across 2 nodes) failed: rank 1 (vm1) exited with code 1 "
+        "first; then rank 0 (vm0) exited with code 1. Its errors: "
+        "torch.distributed.elastic.multiprocessing.errors.ChildFailedError: | exitcode  : -14 "
+        "(pid: 57) | traceback : Signal 14 (SIGALRM) received by PID 57. It reached the smoke "
+        "test's deadline (SIGALRM, preflight_timeout) before the ranks joined: their "
+        "connections to each other hang"
+    )
+    assert finding["fix"].startswith("open every TCP port between the nodes")
+    statuses["vm1"]["log_lines"] = ["smoke test: rank 1 of 2 joined in 0.1 s", *lines]
+    [late] = smoke_verdict(None, log_lines=[], ranks={"vm0": 0, "vm1": 1}, statuses=statuses)[
+        "findings"
+    ]
+    assert late["cause"].endswith("(SIGALRM, preflight_timeout) in its collective")
 
 
 def test_a_known_cause_in_the_failed_ranks_lines_gives_its_fix():
