@@ -13,10 +13,11 @@ version_added: 0.1.0
 description:
   - Findings that stop the launch - rank 0 printed no result (the smoke test failed - the rank
     that failed first is named from O(statuses), with its errors and the known causes found in
-    them); NCCL's INFO log names another network than the node profile's (C(Socket) where C(FasTrak) or C(gIB) was due - the right environment on plain
-    sockets), or none; warnings - bus bandwidth under the machine type's pass mark, compared only
-    when the collective, size and GPUs per node are those the pass mark was measured with; and
-    the report's line (the fraction of the pass mark and of the published figure).
+    them); NCCL's INFO log names another network than the node profile's (C(Socket) where
+    C(FasTrak) or C(gIB) was due - the right environment on plain sockets), or none; warnings -
+    bus bandwidth under the machine type's pass mark, compared only when the collective, size
+    and GPUs per node are those the pass mark was measured with; and the report's line (the
+    fraction of the pass mark and of the published figure).
 options:
   _input:
     description: The smoke test's JSON result (its C(smoke) object), or null.
