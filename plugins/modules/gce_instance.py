@@ -86,6 +86,9 @@ attributes:
 notes:
   - IAM - compute.instances.get, and compute.instances.start, .stop, .delete, .setLabels for the
     calls it makes (roles/compute.instanceAdmin.v1 holds them all).
+  - A request that meets a connection error is sent again (5 tries, pausing 1, 2, 4, 8 s); each
+    write carries its own C(requestId), which Compute Engine uses to ignore a request it has
+    already seen, so a retried stop or delete is not applied twice.
 requirements:
   - requests
   - google-auth
@@ -161,6 +164,9 @@ from ansible_collections.google.cloud.plugins.module_utils.gcp_utils import (
     GcpSession,
 )
 from ansible_collections.hostnet.llamafactory.plugins.module_utils import _gce_instance as gce
+from ansible_collections.hostnet.llamafactory.plugins.module_utils import (
+    _gce_request as gce_request,
+)
 
 
 class Instance(object):
@@ -177,12 +183,16 @@ class Instance(object):
     def url(self, verb=None):
         return gce.instance_url(self.project, self.zone, self.name, verb)
 
+    def send(self, method, url, params=None, body=None):
+        """One request, tried again on a connection error (module_utils/_gce_request.py)."""
+        return gce_request.send(self.session, self.fail, method, url, params, body)
+
     def fail(self, msg, **extra):
         where = "%s/%s/%s" % (self.project, self.zone, self.name)
         self.module.fail_json(msg="%s: %s" % (where, msg), **extra)
 
     def get(self):
-        response = self.session.full_get(self.url())
+        response = self.send("GET", self.url())
         if response.status_code == 404:
             return None
         return self._json(response, "reading the instance")
@@ -203,9 +213,9 @@ class Instance(object):
     def call(self, verb, body=None):
         """POST instances/NAME/VERB (or DELETE), then wait for its operation: its errors."""
         if verb == "delete":
-            response = self.session.full_delete(self.url())
+            response = self.send("DELETE", self.url())
         else:
-            response = self.session.full_post(self.url(verb), json=body or {})
+            response = self.send("POST", self.url(verb), body=body or {})
         operation = self._json(response, verb)
         deadline = time.time() + self.deadline_s
         while operation.get("status") != "DONE":
@@ -221,14 +231,14 @@ class Instance(object):
                 self.zone,
                 operation.get("name"),
             )
-            operation = self._json(self.session.full_get(link), "reading operation %s" % verb)
+            operation = self._json(self.send("GET", link), "reading operation %s" % verb)
         return gce.operation_errors(operation)
 
     def preempted(self):
         """The insertTime of the instance's latest preemption (zoneOperations.list), or None."""
         url = "%sprojects/%s/zones/%s/operations" % (gce.API, self.project, self.zone)
         query = {"filter": 'operationType = "compute.instances.preempted"'}
-        response = self.session.full_get(url, params=query)
+        response = self.send("GET", url, params=query)
         if response.status_code >= 400:  # the cause stays unnamed, the status says enough
             return None
         return gce.latest_preemption(response.json().get("items") or [], self.name)

@@ -261,20 +261,15 @@ started_vms:
 """
 
 import time
-import uuid
-
-try:
-    import requests
-except ImportError:  # GcpModule names the missing library
-    requests = None
 
 from ansible_collections.google.cloud.plugins.module_utils.gcp_utils import (
     GcpModule,
     GcpSession,
 )
 from ansible_collections.hostnet.llamafactory.plugins.module_utils import _gce_instances as grp
-
-ATTEMPTS = 5  # of a request that meets a connection error
+from ansible_collections.hostnet.llamafactory.plugins.module_utils import (
+    _gce_request as gce_request,
+)
 
 
 class ApiRefused(Exception):
@@ -314,25 +309,11 @@ class Group(object):
         return body
 
     def send(self, method, url, params=None, body=None):
-        """One request, tried again on a connection error (the API or the network between may
-        drop one of the many a group's creation makes): a read is safe to repeat, and a write
-        carries a requestId, which GCE uses to ignore a request it has seen, answering with the
-        first one's operation - a retried insert never creates a second VM. GcpSession's own
-        headers and token; its full_* methods cannot report such an error."""
-        if method != "GET":
-            params = dict(params or {}, requestId=str(uuid.uuid4()))
-        for attempt in range(ATTEMPTS):
-            try:
-                return self.session.session().request(
-                    method, url, params=params, json=body, headers=self.session._set_headers(None)
-                )
-            except requests.exceptions.RequestException as exc:
-                if attempt == ATTEMPTS - 1:
-                    self.module.fail_json(
-                        msg="%s %s failed %d times: %s"
-                        % (method, url, ATTEMPTS, type(exc).__name__)
-                    )
-                time.sleep(min(30, 2**attempt))
+        """One request, tried again on a connection error (module_utils/_gce_request.py): a
+        group's creation makes many, and the API or the network between may drop one."""
+        return gce_request.send(
+            self.session, lambda msg: self.module.fail_json(msg=msg), method, url, params, body
+        )
 
     def get(self, path, doing):
         response = self.send("GET", self.url(path))

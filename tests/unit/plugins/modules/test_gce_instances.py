@@ -4,14 +4,10 @@ created in the first zone with room, a stock-out moving it whole to the next zon
 small refused before any VM is created, a re-run that changes nothing, a VM of another machine
 type named, check mode, and a delete that touches only the group."""
 
-import types
-import uuid
-
 import compute_contract
 import gce_module
 import pytest
 import requests
-from ansible_collections.hostnet.llamafactory.plugins.modules import gce_instances
 
 PROJECT = "hlf-test"
 ZONES = ["us-central1-a", "us-central1-b"]
@@ -161,42 +157,3 @@ def test_gpu_nics_without_their_networks_are_refused_before_any_api_call(fake):
         "gpu_networks lists 0 networks but a3-megagpu-8g has 8 NICs besides nic0"
     )
     assert [e for e in session.get(f"{info['control']}/requests").json() if e.get("path")] == []
-
-
-class Refused(Exception):
-    pass
-
-
-def test_a_request_dropped_on_the_way_is_sent_again_and_a_write_keeps_its_request_id(monkeypatch):
-    """GCE ignores a write whose requestId it has seen: a retried insert cannot make a second VM
-    (the fake's side: test_compute_api's request-id test)."""
-    sent = []
-
-    class Session:
-        def request(self, method, url, params=None, json=None, headers=None):
-            sent.append((method, url, params))
-            if len(sent) % 2:
-                raise requests.exceptions.ProxyError("the proxy dropped the connection")
-            return "answer"
-
-    def fail_json(msg):
-        raise Refused(msg)
-
-    group = gce_instances.Group.__new__(gce_instances.Group)
-    group.session = types.SimpleNamespace(session=Session, _set_headers=lambda _body: {})
-    group.module = types.SimpleNamespace(fail_json=fail_json)
-    monkeypatch.setattr(gce_instances.time, "sleep", lambda _s: None)
-    assert group.send("POST", "https://c/instances", body={"name": "a"}) == "answer"
-    assert sent[0] == sent[1] and uuid.UUID(sent[0][2]["requestId"])
-    assert group.send("GET", "https://c/instances/a", params={"x": "1"}) == "answer"
-    assert sent[2][2] == {"x": "1"}  # a read has no requestId
-    assert group.send("DELETE", "https://c/instances/a") == "answer"
-    assert sent[4][2]["requestId"] != sent[0][2]["requestId"]  # one ID per request
-
-    class Down(Session):
-        def request(self, *args, **kwargs):
-            raise requests.exceptions.ConnectionError("refused")
-
-    group.session = types.SimpleNamespace(session=Down, _set_headers=lambda _body: {})
-    with pytest.raises(Refused, match="POST https://c/instances failed 5 times: ConnectionError"):
-        group.send("POST", "https://c/instances", body={})
