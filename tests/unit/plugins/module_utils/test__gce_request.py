@@ -79,12 +79,12 @@ def test_both_modules_send_through_it(module, monkeypatch):
     client.module = types.SimpleNamespace(fail_json=lambda msg, **_extra: refuse(msg))
     assert client.send("DELETE", "https://c/instances/vm0") == "answer"
     assert len(sent) == 2 and sent[0][2] == sent[1][2]
-    client.session = types.SimpleNamespace(
-        session=lambda: types.SimpleNamespace(
-            request=lambda *_a, **_k: (_ for _ in ()).throw(requests.exceptions.Timeout())
-        ),
-        _set_headers=lambda _headers: {},
-    )
+
+    class TimesOut:
+        def request(self, *_args, **_kwargs):
+            raise requests.exceptions.Timeout()
+
+    client.session = types.SimpleNamespace(session=TimesOut, _set_headers=lambda _headers: {})
     where = "p/us-central1-a/vm0: " if module is gce_instance else ""
     with pytest.raises(Refused, match=f"^{where}GET https://c/a failed 5 times: Timeout$"):
         client.send("GET", "https://c/a")
