@@ -633,15 +633,10 @@ _ROOT_CAUSE = re.compile(r"^(exitcode|traceback)\s*:")
 _JOINED = re.compile(r"smoke test: rank \d+ of \d+ joined")
 
 
-def _unique(lines):
-    seen = set()
-    return [line for line in lines if not (line in seen or seen.add(line))]
-
-
 def _smoke_failed(log_lines, ranks, statuses):
     """The finding for a smoke test whose rank 0 printed no result: the ranks that exited
-    non-zero, the first one first, with its last lines and the known causes found in them
-    (rank 0's output alone where every node's was not read)."""
+    non-zero, the first one first, with its errors (else its last lines) and the known causes
+    found in them (rank 0's output alone where every node's was not read)."""
     failed = []
     for host, status in statuses.items():
         container = (status or {}).get("container") or {}
@@ -671,7 +666,7 @@ def _smoke_failed(log_lines, ranks, statuses):
     shown = [line.strip() for line in lines if line.strip()]
     errors = [line for line in shown if _EXCEPTION_LINE.match(line) or _ROOT_CAUSE.match(line)]
     if errors:
-        cause += ". Its errors: " + " | ".join(_unique(errors)[-3:])
+        cause += ". Its errors: " + " | ".join(list(dict.fromkeys(errors))[-3:])
     elif shown:
         cause += ". Its last lines: " + " | ".join(shown[-8:])
     known = _diagnosis.diagnose("\n".join(lines))
