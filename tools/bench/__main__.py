@@ -22,6 +22,10 @@
   forks          the stand-in job on every VM (--nodes 32) with Ansible's default 5 forks and
                  with the repository's 25, alternating: a detached launch (its controller CPU
                  per VM) and the time until the preflight names a fault (bridge networking)
+  scale-faults   each fault once on 2 VMs and once on every VM (--nodes 32), the stand-in
+                 job, 5 forks, alternating: seconds until it is named, and - a node's own
+                 fault (a blocked port, a second rank 0, a wrong NIC), put on the last VM -
+                 whether the finding names that VM
   floor          tools/bench/floor.yml on 2 VMs and on every VM (--nodes 32), 5 forks,
                  alternating: every task skipped, 10 controller-only tasks, 1, 2 and 4 module
                  calls, 2 calls and a container per VM - the wall time, the controller's and
@@ -69,6 +73,7 @@ BENCHMARKS = [
     "profile",
     "scale",
     "forks",
+    "scale-faults",
     "floor",
     "compare",
     "outputs",
@@ -117,6 +122,19 @@ NOTES = {
         "bench cluster, `ANSIBLE_FORKS=5` (Ansible's default) and `ANSIBLE_FORKS=25` (the "
         "repository's ansible.cfg), alternating which runs first, after the same unmeasured "
         "set-up launch. CPU: as table 10's. The VMs share the controller's 2 cores."
+    ),
+    "scale-faults": (
+        "`train.yml` of a new job with one fault, the stand-in job (table 10's, after the same "
+        "unmeasured set-up launch), `ANSIBLE_FORKS=5`, detached, on 2 VMs and on every VM of "
+        "the bench cluster, alternating which count runs first; timed from its start until the "
+        "finding's id appears in its output. A node's own fault is put on the cut's last VM "
+        "(the farthest from the first forks; rank 0's probe gathers its report last): new TCP "
+        "connections to ports 30000-65535 dropped on that VM alone (blocked port), "
+        "`llamafactory_node_rank: 0` in its host_vars (a second rank 0, named by the "
+        "validation), `llamafactory_interface: ext0` in its host_vars (a wrong NIC, named by the "
+        "firewall role from the API's addresses); the finding's line must name that VM. Bridge "
+        "networking and no firewall rule (the run deletes the cut's rule) concern every node. "
+        "The VMs share the controller's 2 cores."
     ),
     "floor": (
         "`tools/bench/floor.yml` through the bench cluster's GCP inventory, `ANSIBLE_FORKS=5`, "
@@ -354,7 +372,7 @@ def main(argv: list[str] | None = None) -> int:
         cluster_benches = [b for b in selected if b not in ("demo", "hub", "vms", "preemption")]
         if cluster_benches:
             needed = 8 if {"rerun", "profile", "compare"} & set(selected) else 2
-            if {"scale", "forks", "floor"} & set(selected):
+            if {"scale", "forks", "scale-faults", "floor"} & set(selected):
                 needed = max(needed, 8)
             nodes = args.nodes or needed
             if nodes < needed:
@@ -363,7 +381,7 @@ def main(argv: list[str] | None = None) -> int:
             bench.up()
             try:
                 # the real job, trained once
-                if set(cluster_benches) - {"scale", "forks", "floor", "outputs"}:
+                if set(cluster_benches) - {"scale", "forks", "scale-faults", "floor", "outputs"}:
                     bench.ensure_trained(2, runs.BASE_JOB, deadline_s=1800)
                 if "time-to-cause" in selected:
                     runs.time_to_cause(bench, results, args.reps, args.cap)
@@ -379,6 +397,8 @@ def main(argv: list[str] | None = None) -> int:
                     runs.scale(bench, results, args.reps)
                 if "forks" in selected:
                     runs.forks(bench, results, args.reps)
+                if "scale-faults" in selected:
+                    runs.scale_faults(bench, results, args.reps)
                 if "floor" in selected:
                     runs.floor(bench, results, args.reps)
                 if "compare" in selected:

@@ -34,6 +34,8 @@ COMPARISONS = {
     "forks": ("5 forks", "25 forks", "value", "25 forks / 5 forks"),
     # The floor: bare module calls, controller-only tasks and a container on 2 VMs and on N.
     "floor": ("2 VMs", "N VMs", "value", "N VMs / 2 VMs"),
+    # One fault at a time on 2 VMs and on every VM: seconds until named, and the node it names.
+    "scale-faults": ("2 VMs", "N VMs", "seconds", "N VMs / 2 VMs"),
     # The scale series' launch and fault, task by task, at 2 VMs and the largest count.
     "profile-scale-launch": ("2 VMs", "N VMs", "seconds", "N VMs / 2 VMs"),
     "profile-scale-fault": ("2 VMs", "N VMs", "seconds", "N VMs / 2 VMs"),
@@ -72,6 +74,10 @@ TITLES = {
     "floor": (
         "23. The floor of any per-node play on this machine: module calls, controller-only tasks "
         "and a container on 2 VMs versus every VM of the bench cluster, 5 forks"
+    ),
+    "scale-faults": (
+        "24. Faults at scale: each fault on 2 VMs and on every VM of the bench cluster, named "
+        "with its node (the stand-in job, 5 forks)"
     ),
     "profile-rerun-cpu": (
         "11. The controller's CPU in a re-run (train.yml with the job finished, CPU s per task)"
@@ -244,6 +250,19 @@ def _extra(measurements: list[dict], bench: str, case: str) -> dict:
             "vm_cpu_s_per_node": {k: spread(v) for k, v in vms.items()},
             "changed": changed,
         }
+    if bench == "scale-faults":
+        by_variant = {}
+        for variant in COMPARISONS[bench][:2]:
+            runs_ = [m for m in mine if m["variant"] == variant]
+            by_variant[variant] = {
+                "runs": len(runs_),
+                "named": sum(1 for m in runs_ if m.get("named")),
+                "node": next((m["node"] for m in runs_ if m.get("node")), None),
+                "node_named": sum(1 for m in runs_ if m.get("node_named")),
+                "vms": next((m["vms"] for m in runs_ if m.get("vms")), None),
+                "said": next((m["shown"] for m in runs_ if m.get("shown")), ""),
+            }
+        return by_variant
     if bench == "vms":  # the mean as well: the runs of a count, not a pair's ratio
         values = [float(m["value"]) for m in mine if m["variant"] == COMPARISONS[bench][1]]
         return {"mean": statistics.fmean(values) if values else None}
@@ -343,6 +362,8 @@ def markdown(meta: dict, summary: dict) -> str:
                 lines.append(
                     f"| {_fmt(row[second], 0)} | {_fmt(row[first], 0)} | {_fmt(row['ratio'], 2)}x |"
                 )
+        elif bench == "scale-faults":
+            lines += scale_faults_table(cases, first, second, reads)
         elif bench.startswith("profile-"):
             lines += _profile_table(cases, first, second, reads)
         elif bench == "vms":
@@ -363,6 +384,36 @@ def markdown(meta: dict, summary: dict) -> str:
             lines += ["", notes]
         lines.append("")
     return "\n".join(lines)
+
+
+def scale_faults_table(cases: dict, first: str, second: str, reads: str) -> list[str]:
+    """One row per fault: the seconds on 2 and on N VMs, their ratio, how many runs of each
+    named it (and the faulty node, for a node's own fault), and what was said on N VMs."""
+    counts = [row["extra"][second]["vms"] for row in cases.values()]
+    vms = next((count for count in counts if count), "N")
+    lines = [
+        f"| failure | {first} (s) | {vms} VMs (s) | {reads.replace('N VMs', f'{vms} VMs')} | "
+        f"named on {first} | named on {vms} VMs | the node named on {vms} VMs | "
+        f"what was said on {vms} VMs |",
+        "|---|---|---|---|---|---|---|---|",
+    ]
+
+    def named(extra: dict) -> str:
+        return f"{extra['named']} of {extra['runs']}"
+
+    for case, row in cases.items():
+        extra = row["extra"]
+        node = extra[second]["node"]
+        at_node = "-"
+        if node:
+            at_node = f"{node}: {extra[second]['node_named']} of {extra[second]['runs']}"
+        ratio = _fmt(row["ratio"], 2)
+        lines.append(
+            f"| {case} | {_fmt(row[first])} | {_fmt(row[second])} | "
+            f"{ratio}{'x' if ratio != '-' else ''} | {named(extra[first])} | "
+            f"{named(extra[second])} | {at_node} | {_cell(extra[second]['said'])} |"
+        )
+    return lines
 
 
 def _mean(row: dict, variant: str, digits: int = 1) -> str:

@@ -137,12 +137,17 @@ def _end_ssh_masters(control_dir: Path) -> None:
             time.sleep(0.1)
 
 
+def watched(line: str, watch: str | tuple[str, ...]) -> bool:
+    """Whether `line` holds `watch`, or one of its strings."""
+    return any(text in line for text in ((watch,) if isinstance(watch, str) else watch))
+
+
 def run_logged(
     command: list[str],
     log_path: Path,
     label: str,
     deadline_s: float,
-    watch: str | None = None,
+    watch: str | tuple[str, ...] | None = None,
     env: dict | None = None,
 ) -> dict:
     """Run a controller command with its output in log_path and a progress line every 20 s;
@@ -180,7 +185,7 @@ def run_logged(
                 plain = re.sub(r"\x1b\[[0-9;]*m", "", line).strip(" *\n")
                 if plain.startswith(("TASK [", "PLAY [", "==>", "[localcluster")):
                     state["task"] = plain
-                if watch and state["seen"] is None and watch in line:
+                if watch and state["seen"] is None and watched(line, watch):
                     state["seen"] = time.monotonic() - started
 
         reader = threading.Thread(target=read, daemon=True)
@@ -271,15 +276,23 @@ class BenchCluster:
             raise BenchError("the rule between the first two VMs is missing: train bench-base")
         return rule
 
-    def inventory(self, count: int, duplicate_rank: bool = False) -> Path:
+    def inventory(
+        self, count: int, duplicate_rank: bool = False, host_vars: dict | None = None
+    ) -> Path:
         """The cluster's GCP-path inventory (the shipped dynamic inventory pointed at the box)
         with its group cut to the VMs of rank < `count`: every VM is still listed by the API, as
         in a project with other VMs, only the group differs (and, with duplicate_rank, every
-        node's rank is 0)."""
+        node's rank is 0; with host_vars, {VM name: its variables} in host_vars/ of a folder of
+        its own)."""
         source = Path(self.state["gcp_inventory"])
-        suffix = "-rank0" if duplicate_rank else ""
+        suffix = "-rank0" if duplicate_rank else "-vars" if host_vars else ""
         folder = source.with_name(f"{CLUSTER}-n{count}{suffix}.gcp")
         folder.mkdir(exist_ok=True)
+        if host_vars is not None or suffix == "-vars":
+            shutil.rmtree(folder / "host_vars", ignore_errors=True)
+        for name, variables in (host_vars or {}).items():
+            (folder / "host_vars").mkdir(exist_ok=True)
+            (folder / "host_vars" / f"{name}.yml").write_text(yaml.safe_dump(variables))
         config = yaml.safe_load((source / "gcp_compute.yml").read_text())
         group = config["groups"]["llamafactory"]
         config["groups"]["llamafactory"] = (
@@ -956,6 +969,125 @@ def _fault_named(
     if faulty["rc"] == 0 or faulty["seen_s"] is None:
         raise BenchError(f"{label}: {fault['expect']} was not named: {faulty['output'][-1500:]}")
     return faulty
+
+
+# One fault at a time, on 2 VMs and on every VM of the bench cluster. A node's own fault is put
+# on the cut's last node (the farthest from the first forks, its probe's report gathered last by
+# rank 0's): the finding must name it, not only its kind.
+SCALE_FAULTS = {
+    "bridge networking": {**FAULTS["bridge networking"], "node": False},
+    "blocked port on the last node": {"expect": "peer-unreachable", "vars": {}, "node": True},
+    "the last node at rank 0 too": {
+        "expect": "llamafactory_node_rank must be unique",
+        "vars": {},
+        "node": True,
+        "host_vars": {"llamafactory_node_rank": 0},
+    },
+    # Named by the firewall role; on 2 VMs the last node is rank 1, whose path back from rank
+    # 0 is checked first (an asymmetric path: the same NIC named).
+    "wrong NIC on the last node": {
+        "expect": ("which the rule is for", "Asymmetric paths"),
+        "vars": {},
+        "node": True,
+        "host_vars": {"llamafactory_interface": "ext0"},
+    },
+    "no firewall rule": {**FAULTS["no firewall rule"], "node": False},
+}
+# Ansible's prefix of a task's result ('fatal: [vm0]: FAILED! => {"msg": "'): not the finding's.
+_HOST_PREFIX = re.compile(
+    r"^\s*(?:fatal|failed|ok|changed|skipping): \[[^\]]*\](?::\s*FAILED!)?(?:\s*=>\s*)?"
+    r'(?:\{"msg":\s*")?'
+)
+
+
+def finding_line(output: str, expect: str | tuple[str, ...]) -> str:
+    """The first line of `output` that holds the finding's id (or one of them), without
+    Ansible's host prefix."""
+    for line in output.splitlines():
+        if watched(line, expect):
+            return _HOST_PREFIX.sub("", line).strip()
+    return ""
+
+
+def names_node(line: str, node: str) -> bool:
+    """Whether `line` names the VM `node` as a word of its own (vm3 is not in vm31)."""
+    return re.search(rf"(?<![\w.-]){re.escape(node)}(?![\w-])", line) is not None
+
+
+def scale_faults(bench: BenchCluster, results: Results, reps: int) -> None:
+    """Each fault of SCALE_FAULTS with the stand-in job on 2 VMs and on every VM of the bench
+    cluster (5 forks), alternating which count runs first: seconds until the preflight (or the
+    validation, or the firewall role) names it, whether it did, and - a node's own fault, put
+    on the cut's last node - whether the finding names that node."""
+    _become_subreaper()
+    count = len(bench.nodes)
+    job_vars = _standin_setup(bench, count, "scale-faults")
+    for rep in range(1, reps + 1):
+        for case, fault in SCALE_FAULTS.items():
+            order = ["2 VMs", "N VMs"] if rep % 2 else ["N VMs", "2 VMs"]
+            for variant in order:
+                if results.has("scale-faults", case, variant, rep):
+                    continue
+                cut = 2 if variant == "2 VMs" else count
+                rest()
+                figures = _scale_fault(bench, case, fault, cut, rep, job_vars)
+                results.add("scale-faults", case, variant, rep, vms=cut, **figures)
+                say(f"fault at scale: {case}, {cut} VMs: {figures}")
+
+
+def _scale_fault(
+    bench: BenchCluster, case: str, fault: dict, cut: int, rep: int, job_vars: dict
+) -> dict:
+    last = bench.nodes[cut - 1]
+    inventory = bench.inventory(
+        cut, host_vars={last["name"]: fault["host_vars"]} if fault.get("host_vars") else None
+    )
+    blocked = case.startswith("blocked port")
+    # No rule between the nodes: the run deletes its cut's rule itself; the other cuts' rules
+    # (which also cover these VMs) are deleted for the run. Every one is put back after it.
+    rules = {}
+    if case == "no firewall rule":
+        rules = {
+            name: rule
+            for name, rule in bench.box.rules().items()
+            if re.fullmatch(rf"{CLUSTER}-n\d+(-[a-z0-9]+)?-nodes", name)
+        }
+        for name in rules:
+            if name != f"{CLUSTER}-n{cut}-nodes":
+                bench.box.delete_rule(name)
+    if blocked:
+        vm_sh(last["container"], f"iptables -I {BLOCK_RULE.format(nic=last['nic'])}")
+    try:
+        result = bench.train(
+            inventory,
+            f"sf-{slug(case)}-n{cut}-r{rep}",
+            f"scale fault {case} {cut} VMs {rep}",
+            1800,
+            _watch=fault["expect"],
+            **job_vars,
+            **fault["vars"],
+            # The cut's own rule (a folder with host_vars would otherwise be a cluster of its own).
+            gcp_firewall_cluster_name=f"{CLUSTER}-n{cut}",
+            launch_wait=False,
+        )
+    finally:
+        if blocked:
+            vm_sh(
+                last["container"], f"iptables -D {BLOCK_RULE.format(nic=last['nic'])}", check=False
+            )
+        for name, rule in rules.items():
+            if bench.box.rule(name) is None:
+                bench.box.insert_rule(rule)
+    named = result["seen_s"] is not None and result["rc"] != 0
+    line = finding_line(result["output"], fault["expect"])
+    return {
+        "seconds": round(result["seen_s"] if named else result["seconds"], 1),
+        "named": named,
+        "node": last["name"] if fault["node"] else None,
+        "node_named": names_node(line, last["name"]) if fault["node"] and named else None,
+        "rc": result["rc"],
+        "shown": line[:400],
+    }
 
 
 # Ansible's default, and the repository's ansible.cfg.

@@ -579,3 +579,122 @@ def test_the_machines_busy_time_grows_with_work():
     while time.process_time() < deadline:  # 0.3 s of this process's CPU
         pass
     assert runs.machine_busy_s() - before >= 0.25
+
+
+class FaultBench(ScaleBench):
+    """A bench of 16 VMs whose faulty runs name their fault after 2 s per VM: each names the
+    cut's last VM, but the wrong NIC on 16 VMs names vm1 (not vm15)."""
+
+    def __init__(self):
+        super().__init__()
+        self.nodes = [{"name": f"vm{i}", "container": f"c{i}", "nic": "ens4"} for i in range(16)]
+        names = ("bench-n2-nodes", "bench-n16-nodes", "bench-n2-rank0-nodes", "default-allow-ssh")
+        self.project_rules = {name: {"name": name} for name in names}
+        self.box = self
+        self.inventories = []
+        self.rules_in_run = []
+
+    def rules(self):
+        return dict(self.project_rules)
+
+    def rule(self, name):
+        return self.project_rules.get(name)
+
+    def delete_rule(self, name):
+        del self.project_rules[name]
+
+    def insert_rule(self, rule):
+        self.project_rules[rule["name"]] = rule
+
+    def inventory(self, count, host_vars=None):
+        self.inventories.append((count, host_vars))
+        return f"bench-n{count}.gcp"
+
+    def train(self, inventory, job, _label, _deadline, **extra):
+        self.trained.append((inventory, job, extra))
+        count = int(inventory.split("-n")[1].split(".")[0])
+        if "_watch" not in extra:
+            return {"rc": 0, "output": f"job {job} finished"}
+        if extra.get("gcp_firewall_state") == "absent":
+            self.project_rules.pop(f"bench-n{count}-nodes", None)
+            self.rules_in_run.append(sorted(self.project_rules))
+        named = "vm1" if "wrong-nic" in job and count == 16 else f"vm{count - 1}"
+        watch = extra["_watch"] if isinstance(extra["_watch"], str) else extra["_watch"][-1]
+        line = f'fatal: [vm0]: FAILED! => {{"msg": "{watch}: about {named} there"}}'
+        return {"rc": 2, "seen_s": 2.0 * count, "seconds": 9.0, "output": f"TASK\n{line}\nend"}
+
+
+def test_the_faults_at_scale_alternate_2_and_every_vm_and_check_the_node_named(
+    tmp_path, monkeypatch
+):
+    monkeypatch.setattr(runs, "_become_subreaper", lambda: None)
+    monkeypatch.setattr(runs, "rest", lambda: 0.0)
+    commands = []
+    monkeypatch.setattr(
+        runs, "vm_sh", lambda container, script, **_kw: commands.append((container, script))
+    )
+    results = Results(tmp_path)
+    bench = FaultBench()
+    runs.scale_faults(bench, results, reps=2)
+    # Every VM set up first, and its job waited for until it ends.
+    assert [job for _i, job, _e in bench.trained[:2]] == ["scale-faults-warm-n16"] * 2
+    measured = [(inventory, job) for inventory, job, _e in bench.trained[2:]]
+    assert len(measured) == 2 * 2 * len(runs.SCALE_FAULTS)
+    assert measured[:2] == [
+        ("bench-n2.gcp", "sf-bridge-networking-n2-r1"),
+        ("bench-n16.gcp", "sf-bridge-networking-n16-r1"),
+    ]
+    assert measured[10:12] == [
+        ("bench-n16.gcp", "sf-bridge-networking-n16-r2"),
+        ("bench-n2.gcp", "sf-bridge-networking-n2-r2"),
+    ]  # the other first
+    for _inventory, _job, extra in bench.trained[2:]:
+        assert extra["_env"] == {"ANSIBLE_FORKS": "5"} and extra["launch_wait"] is False
+    # A node's own fault on the cut's last VM: iptables there alone, put back; host_vars there.
+    blocked = [c for c in commands if "30000:65535" in c[1]]
+    assert blocked[:2] == [("c1", blocked[0][1]), ("c1", blocked[1][1])]
+    assert blocked[0][1].startswith("iptables -I") and blocked[1][1].startswith("iptables -D")
+    assert {container for container, _s in blocked} == {"c1", "c15"}
+    assert (16, {"vm15": {"llamafactory_node_rank": 0}}) in bench.inventories
+    assert (2, {"vm1": {"llamafactory_interface": "ext0"}}) in bench.inventories
+    # No rule between the nodes in the run without one (every cut's deleted, the others kept),
+    # each put back after it.
+    assert bench.rules_in_run == [["default-allow-ssh"]] * 4
+    assert bench.rules() == FaultBench().rules()
+    rows = {(m["case"], m["variant"], m["rep"]): m for m in results.measurements}
+    blocked_16 = rows["blocked port on the last node", "N VMs", 1]
+    assert blocked_16["seconds"] == 32.0 and blocked_16["named"] and blocked_16["node_named"]
+    assert blocked_16["node"] == "vm15" and blocked_16["vms"] == 16
+    assert blocked_16["shown"] == 'peer-unreachable: about vm15 there"}'
+    wrong_nic = rows["wrong NIC on the last node", "2 VMs", 1]
+    assert wrong_nic["node_named"] is True and wrong_nic["shown"].startswith("Asymmetric paths")
+    assert rows["wrong NIC on the last node", "N VMs", 1]["node_named"] is False
+    assert rows["bridge networking", "N VMs", 2]["node_named"] is None
+    table = (tmp_path / "results.md").read_text()
+    assert "| failure | 2 VMs (s) | 16 VMs (s) | 16 VMs / 2 VMs |" in table
+    assert (
+        "| blocked port on the last node | 4.0 (4.0-4.0) | 32.0 (32.0-32.0) | 8.00 (8.00-8.00)x | "
+        in table
+    )
+    assert "| 2 of 2 | 2 of 2 | vm15: 2 of 2 |" in table
+    assert "| 2 of 2 | 2 of 2 | vm15: 0 of 2 |" in table  # the wrong NIC, named on vm1
+    # A resumed run measures nothing more.
+    bench = FaultBench()
+    runs.scale_faults(bench, Results(tmp_path, resume=True), reps=2)
+    assert [job for _i, job, _e in bench.trained] == ["scale-faults-warm-n16"] * 2
+
+
+def test_a_findings_line_is_read_without_ansibles_host_and_names_a_vm_as_a_word():
+    assert runs.watched("an Asymmetric paths line", ("which the rule is for", "Asymmetric paths"))
+    assert not runs.watched("another line", ("which the rule is for", "Asymmetric paths"))
+    assert runs.watched("peer-unreachable: x", "peer-unreachable")
+    output = (
+        'TASK [x]\nfatal: [vm0]: FAILED! => {"msg": "peer-unreachable: vm0 cannot reach vm31"}\n'
+    )
+    line = runs.finding_line(output, "peer-unreachable")
+    assert line == 'peer-unreachable: vm0 cannot reach vm31"}'
+    assert runs.finding_line(output, "absent id") == ""
+    assert runs.names_node(line, "vm31") and runs.names_node(line, "vm0")
+    assert not runs.names_node(line, "vm3") and not runs.names_node(line, "vm1")
+    assert runs.names_node("shared: 0 (vm0, vm3)", "vm3")
+    assert runs.names_node("cannot reach vm3.", "vm3") and not runs.names_node("vm3-b", "vm3")
