@@ -1060,7 +1060,8 @@ def _scale_fault(
     try:
         result = bench.train(
             inventory,
-            f"sf-{slug(case)}-n{cut}-r{rep}",
+            # A job of its own each time: one this cluster finished before would not launch.
+            f"sf-{slug(case)}-n{cut}-r{rep}-{int(time.time()) % 100000}",
             f"scale fault {case} {cut} VMs {rep}",
             1800,
             _watch=fault["expect"],
