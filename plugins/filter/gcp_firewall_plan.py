@@ -40,6 +40,13 @@ options:
         null)."
     type: dict
     required: true
+  errors:
+    description:
+      - "V(raise) fails the template on a refused setting; V(return) returns C({error: MESSAGE})
+        instead, for a task of its own to fail with the message alone (the role does)."
+    type: str
+    choices: [raise, return]
+    default: raise
 """
 
 EXAMPLES = r"""
@@ -56,9 +63,13 @@ EXAMPLES = r"""
 
 RETURN = r"""
 _value:
-  description: The plan.
+  description: The plan; with O(errors=return) and a refused setting, C(error) alone.
   type: dict
   contains:
+    error:
+      description: Why the settings were refused, naming the variable and the fix.
+      type: str
+      returned: with O(errors=return), on a refused setting
     project:
       description: The project ID.
       type: str
@@ -100,10 +111,16 @@ from ansible_collections.hostnet.llamafactory.plugins.plugin_utils._gcp_firewall
 )
 
 
-def gcp_firewall_plan(settings):
+def gcp_firewall_plan(settings, errors="raise"):
+    if errors not in ("raise", "return"):
+        raise AnsibleFilterError(
+            "gcp_firewall_plan: errors must be raise or return, not %r" % errors
+        )
     try:
         return plan(dict(settings or {}))
     except FirewallError as exc:
+        if errors == "return":
+            return {"error": str(exc)}
         raise AnsibleFilterError(str(exc)) from None
 
 

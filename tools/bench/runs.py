@@ -993,10 +993,11 @@ SCALE_FAULTS = {
     },
     "no firewall rule": {**FAULTS["no firewall rule"], "node": False},
 }
-# Ansible's prefix of a task's result ('fatal: [vm0]: FAILED! => {"msg": "'): not the finding's.
+# Ansible's prefix of a task's result ('fatal: [vm0]: FAILED! => {"msg": "', or its error's
+# "[ERROR]: Task failed: Action failed: "): not the finding's words.
 _HOST_PREFIX = re.compile(
-    r"^\s*(?:fatal|failed|ok|changed|skipping): \[[^\]]*\](?::\s*FAILED!)?(?:\s*=>\s*)?"
-    r'(?:\{"msg":\s*")?'
+    r"^\s*(?:(?:fatal|failed|ok|changed|skipping): \[[^\]]*\](?::\s*FAILED!)?(?:\s*=>\s*)?"
+    r'(?:\{"msg":\s*")?|\[ERROR\]: Task failed: (?:Action failed: )?)'
 )
 
 

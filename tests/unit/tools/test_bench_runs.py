@@ -694,6 +694,11 @@ def test_a_findings_line_is_read_without_ansibles_host_and_names_a_vm_as_a_word(
     line = runs.finding_line(output, "peer-unreachable")
     assert line == 'peer-unreachable: vm0 cannot reach vm31"}'
     assert runs.finding_line(output, "absent id") == ""
+    error = "[ERROR]: Task failed: Action failed: the training address of vm31 is 198.19.192.41"
+    assert (
+        runs.finding_line(error, "training address")
+        == "the training address of vm31 is 198.19.192.41"
+    )
     assert runs.names_node(line, "vm31") and runs.names_node(line, "vm0")
     assert not runs.names_node(line, "vm3") and not runs.names_node(line, "vm1")
     assert runs.names_node("shared: 0 (vm0, vm3)", "vm3")

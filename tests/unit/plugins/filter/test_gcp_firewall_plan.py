@@ -86,6 +86,23 @@ def test_a_refusal_is_a_filter_error_naming_the_variable(firewall_settings, chan
     assert error.value.__suppress_context__  # the message alone, not the plan's exception
 
 
+def test_a_refusal_is_returned_for_a_task_of_its_own_to_fail_with(firewall_settings):
+    refused = firewall_settings(source="ranges", ranges=["0.0.0.0/0"])
+    returned = gcp_firewall_plan(refused, errors="return")
+    assert list(returned) == ["error"]
+    error = returned["error"]
+    assert error.startswith("gcp_firewall_ranges contains 0.0.0.0/0: refused.")
+    with pytest.raises(AnsibleFilterError) as raised:
+        gcp_firewall_plan(refused)
+    assert str(raised.value) == error
+    # Settings the plan accepts: the plan, as without the option.
+    assert gcp_firewall_plan(firewall_settings(), errors="return") == gcp_firewall_plan(
+        firewall_settings()
+    )
+    with pytest.raises(AnsibleFilterError, match="errors must be raise or return, not 'ignore'"):
+        gcp_firewall_plan(firewall_settings(), errors="ignore")
+
+
 def test_no_settings_is_refused_by_name_not_by_a_crash():
     with pytest.raises(AnsibleFilterError, match="gcp_firewall_cluster_name is None"):
         gcp_firewall_plan(None)
@@ -94,5 +111,5 @@ def test_no_settings_is_refused_by_name_not_by_a_crash():
 def test_the_call_site_binds(call_sites):
     assert FilterModule().filters()["gcp_firewall_plan"] is gcp_firewall_plan
     assert call_sites("gcp_firewall_plan", gcp_firewall_plan) == [
-        ("roles/gcp_firewall/tasks/main.yml", 0, [])
+        ("roles/gcp_firewall/tasks/main.yml", 0, ["errors"])
     ]
