@@ -519,25 +519,35 @@ def preflight_launch(
     }
 
 
-@contextlib.contextmanager
 def fault_applied(bench: BenchCluster, case: str, hand: bool):
     """The fault of `case` on the cluster for one run, undone after it."""
     # A firewall between the nodes that lets MASTER_PORT through but no high port.
     blocked = bench.nodes[:2] if case == "blocked port" else []
-    for vm in blocked:
-        vm_sh(vm["container"], f"iptables -I {BLOCK_RULE.format(nic=vm['nic'])}")
     # The nodes' rule, deleted for the hand launch (the preflight's run deletes it itself) and
     # put back after either.
     rule = bench.nodes_rule() if case == "no firewall rule" else None
-    if rule is not None and hand:
-        bench.box.delete_rule(rule["name"])
+    rules = {rule["name"]: rule} if rule is not None else {}
+    return faults_on(bench, blocked, rules, deleted=list(rules) if hand else [])
+
+
+@contextlib.contextmanager
+def faults_on(bench: BenchCluster, blocked: list[dict], rules: dict, deleted: list[str]):
+    """For one run: new TCP connections to the high ports (BLOCK_RULE) dropped on the `blocked`
+    VMs, and the firewall rules named in `deleted` deleted; after it, the VMs' iptables rule
+    taken back and every rule of `rules` ({name: rule}) that is missing put back (a run may
+    delete one itself)."""
+    for vm in blocked:
+        vm_sh(vm["container"], f"iptables -I {BLOCK_RULE.format(nic=vm['nic'])}")
+    for name in deleted:
+        bench.box.delete_rule(name)
     try:
         yield
     finally:
         for vm in blocked:
             vm_sh(vm["container"], f"iptables -D {BLOCK_RULE.format(nic=vm['nic'])}", check=False)
-        if rule is not None and bench.box.rule(rule["name"]) is None:
-            bench.box.insert_rule(rule)
+        for name, rule in rules.items():
+            if bench.box.rule(name) is None:
+                bench.box.insert_rule(rule)
 
 
 def time_to_cause(bench: BenchCluster, results: Results, reps: int, cap: float) -> None:
@@ -1043,7 +1053,7 @@ def _scale_fault(
     inventory = bench.inventory(
         cut, host_vars={last["name"]: fault["host_vars"]} if fault.get("host_vars") else None
     )
-    blocked = case.startswith("blocked port")
+    blocked = [last] if case.startswith("blocked port") else []
     # No rule between the nodes: the run deletes its cut's rule itself; the other cuts' rules
     # (which also cover these VMs) are deleted for the run. Every one is put back after it.
     rules = {}
@@ -1053,12 +1063,8 @@ def _scale_fault(
             for name, rule in bench.box.rules().items()
             if re.fullmatch(rf"{CLUSTER}-n\d+(-[a-z0-9]+)?-nodes", name)
         }
-        for name in rules:
-            if name != f"{CLUSTER}-n{cut}-nodes":
-                bench.box.delete_rule(name)
-    if blocked:
-        vm_sh(last["container"], f"iptables -I {BLOCK_RULE.format(nic=last['nic'])}")
-    try:
+    others = [name for name in rules if name != f"{CLUSTER}-n{cut}-nodes"]
+    with faults_on(bench, blocked, rules, deleted=others):
         result = bench.train(
             inventory,
             # A job of its own each time: one this cluster finished before would not launch.
@@ -1072,14 +1078,6 @@ def _scale_fault(
             gcp_firewall_cluster_name=f"{CLUSTER}-n{cut}",
             launch_wait=False,
         )
-    finally:
-        if blocked:
-            vm_sh(
-                last["container"], f"iptables -D {BLOCK_RULE.format(nic=last['nic'])}", check=False
-            )
-        for name, rule in rules.items():
-            if bench.box.rule(name) is None:
-                bench.box.insert_rule(rule)
     named = result["seen_s"] is not None and result["rc"] != 0
     line = finding_line(result["output"], fault["expect"])
     return {

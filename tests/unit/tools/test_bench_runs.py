@@ -703,3 +703,22 @@ def test_a_findings_line_is_read_without_ansibles_host_and_names_a_vm_as_a_word(
     assert not runs.names_node(line, "vm3") and not runs.names_node(line, "vm1")
     assert runs.names_node("shared: 0 (vm0, vm3)", "vm3")
     assert runs.names_node("cannot reach vm3.", "vm3") and not runs.names_node("vm3-b", "vm3")
+
+
+def test_a_time_to_cause_fault_is_applied_for_one_run_and_undone(monkeypatch):
+    commands = []
+    monkeypatch.setattr(
+        runs, "vm_sh", lambda container, script, **_kw: commands.append((container, script))
+    )
+    bench = FaultBench()
+    bench.nodes_rule = lambda: bench.project_rules["bench-n2-nodes"]
+    with runs.fault_applied(bench, "blocked port", hand=False):
+        assert [c for c, s in commands if s.startswith("iptables -I")] == ["c0", "c1"]
+    assert [c for c, s in commands if s.startswith("iptables -D")] == ["c0", "c1"]
+    with runs.fault_applied(bench, "no firewall rule", hand=True):  # the hand launch's: deleted
+        assert "bench-n2-nodes" not in bench.rules()
+    assert "bench-n2-nodes" in bench.rules()
+    with runs.fault_applied(bench, "no firewall rule", hand=False):  # the run deletes it itself
+        assert "bench-n2-nodes" in bench.rules()
+        bench.delete_rule("bench-n2-nodes")
+    assert bench.rules() == FaultBench().rules()  # put back
