@@ -82,6 +82,8 @@ BENCHMARKS = [
     "preemption",
     "demo",
 ]
+# The benchmarks of the stand-in job on many VMs: 8 VMs at least, no real training first.
+STANDIN_BENCHES = {"scale", "forks", "scale-faults", "floor"}
 NOTES = {
     "outputs-step": (
         "The demo's job with `max_steps: 40, save_steps: 4` on 2 VMs, with and without "
@@ -372,7 +374,7 @@ def main(argv: list[str] | None = None) -> int:
         cluster_benches = [b for b in selected if b not in ("demo", "hub", "vms", "preemption")]
         if cluster_benches:
             needed = 8 if {"rerun", "profile", "compare"} & set(selected) else 2
-            if {"scale", "forks", "scale-faults", "floor"} & set(selected):
+            if STANDIN_BENCHES & set(selected):
                 needed = max(needed, 8)
             nodes = args.nodes or needed
             if nodes < needed:
@@ -381,7 +383,7 @@ def main(argv: list[str] | None = None) -> int:
             bench.up()
             try:
                 # the real job, trained once
-                if set(cluster_benches) - {"scale", "forks", "scale-faults", "floor", "outputs"}:
+                if set(cluster_benches) - STANDIN_BENCHES - {"outputs"}:
                     bench.ensure_trained(2, runs.BASE_JOB, deadline_s=1800)
                 if "time-to-cause" in selected:
                     runs.time_to_cause(bench, results, args.reps, args.cap)

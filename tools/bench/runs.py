@@ -288,11 +288,11 @@ class BenchCluster:
         suffix = "-rank0" if duplicate_rank else "-vars" if host_vars else ""
         folder = source.with_name(f"{CLUSTER}-n{count}{suffix}.gcp")
         folder.mkdir(exist_ok=True)
-        if host_vars is not None or suffix == "-vars":
+        if host_vars:  # this run's alone: an earlier run's files removed first
             shutil.rmtree(folder / "host_vars", ignore_errors=True)
-        for name, variables in (host_vars or {}).items():
-            (folder / "host_vars").mkdir(exist_ok=True)
-            (folder / "host_vars" / f"{name}.yml").write_text(yaml.safe_dump(variables))
+            (folder / "host_vars").mkdir()
+            for name, variables in host_vars.items():
+                (folder / "host_vars" / f"{name}.yml").write_text(yaml.safe_dump(variables))
         config = yaml.safe_load((source / "gcp_compute.yml").read_text())
         group = config["groups"]["llamafactory"]
         config["groups"]["llamafactory"] = (

@@ -41,6 +41,15 @@ def test_a_cut_narrows_the_group_and_keeps_the_rest(tmp_path):
     )
     assert ranked["compose"]["llamafactory_node_rank"] == "0"
     assert bench.inventory(2) == cut  # made again in place
+    # A VM's own variables: in host_vars/ of a folder of its own, only this run's.
+    first = bench.inventory(2, host_vars={"vm1": {"llamafactory_node_rank": 0}})
+    assert first == tmp_path / "bench-n2-vars.gcp"
+    assert yaml.safe_load((first / "host_vars" / "vm1.yml").read_text()) == {
+        "llamafactory_node_rank": 0
+    }
+    bench.inventory(2, host_vars={"vm7": {"llamafactory_interface": "ext0"}})
+    assert sorted(p.name for p in (first / "host_vars").iterdir()) == ["vm7.yml"]
+    assert not (cut / "host_vars").exists()
 
 
 def test_the_failure_runs_are_interleaved_and_the_container_kill_counts_in_both_tables(
