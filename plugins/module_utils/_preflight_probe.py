@@ -4,13 +4,15 @@
 """The preflight's probe container on a node (the module preflight_probe): started with the
 job's network mode, image, volumes and GPUs, then signalled, its report read and the container
 removed. roles/preflight/files/preflight_probe.py (mode probe) runs inside. Rank 0's probe may
-hold the others' reports (its "gathered"): each is returned shaped as a node's own read."""
+hold the others' reports (its "gathered"): each is returned shaped as a node's own read. The
+start also looks on the host for what the container does not show (host_checks)."""
 
 from __future__ import absolute_import, division, print_function
 
 __metaclass__ = type
 
 import json
+import os
 import time
 
 from ansible_collections.hostnet.llamafactory.plugins.module_utils import _container as container
@@ -24,6 +26,30 @@ POLL_S = 0.2
 # moment they start, and every probe ran before any was read): awaited this long, then removed
 # whatever its state. One with a failure of its own is removed at once - the preflight stops.
 END_GRACE_S = 2.0
+
+
+# How many of the receive-datapath-manager's last log lines the host checks return.
+RXDM_TAIL = 5
+
+
+def host_checks(docker, params):
+    """What the probe's container cannot see, looked at on the host in the start's call: the
+    entries of O(host_paths) that are not there (as lstat finds them: a dangling link is there),
+    and the container O(rxdm) (TCPXO's receive-datapath-manager; None when not asked) with its
+    last log lines. Raises DockerError."""
+    missing = [
+        dict((key, value) for key, value in entry.items() if value is not None)
+        for entry in params["host_paths"]
+        if not os.path.lexists(entry["path"])
+    ]
+    rxdm = None
+    if params["rxdm"]:
+        raw = docker.inspect_container(params["rxdm"])
+        rxdm = {
+            "container": job.container_state(raw),
+            "log_lines": _lines(docker, params["rxdm"], RXDM_TAIL) if raw else [],
+        }
+    return {"missing_paths": missing, "rxdm": rxdm}
 
 
 def start(docker, params, check_mode):

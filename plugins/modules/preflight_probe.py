@@ -18,6 +18,11 @@ description:
     and returns at once. The role runs it on every node before it reads any. O(files) are
     written first (the probe's script, and the job's files when the launch has not written
     them yet), in the same call.
+  - O(state=started) also looks on the host for what the probe's container does not show
+    (RV(host_checks)) - the O(host_paths) that are missing and the O(rxdm) container - in the
+    same call, before anything is written or started; a failed start returns them too. A
+    loop of M(ansible.builtin.stat) took a round trip per path and node (a GPU VM of the gib
+    profile has a dozen: the plugin's script, its RDMA devices and folders).
   - O(state=collected) signals the probe (SIGUSR1 - every node's probe runs now, a refused
     connection is final), waits at most O(wait) seconds for its JSON report, and removes the
     container - after at most 2 s more when every target answered (it ends as soon as its
@@ -112,6 +117,29 @@ options:
         description: Refuse the entry unless its content is valid JSON (nothing is written).
         type: bool
         default: false
+  host_paths:
+    description: With O(state=started), paths the node must have (the shared mounts, the
+      network profile's script, devices and folders); those missing come back in
+      RV(host_checks.missing_paths) as given (a missing one fails nothing here - the preflight
+      names it).
+    type: list
+    elements: dict
+    default: []
+    suboptions:
+      path:
+        description: Absolute path, looked for as C(lstat) finds it (a link is there even when
+          dangling).
+        type: path
+        required: true
+      kind:
+        description: What the path is for, returned as given (the network profile's
+          C(env_script), C(device) or C(volume); none for a shared mount).
+        type: str
+  rxdm:
+    description: With O(state=started), the name of a container to look at on the host
+      (TCPXO's receive-datapath-manager) - its state and last 5 log lines in
+      RV(host_checks.rxdm).
+    type: str
   auto_remove:
     description: With O(state=started), Docker removes the container when it ends (a probe
       whose report rank 0 gathers; one that could not send it stays until it is read).
@@ -170,6 +198,13 @@ changes:
   returned: state=started
   type: dict
   sample: {/var/lib/llamafactory/jobs/demo/preflight_probe.py: [content]}
+host_checks:
+  description: What the start looked at on the host - C(missing_paths), the entries of
+    O(host_paths) not there; C(rxdm), the container O(rxdm) (C(container), as RV(container);
+    C(log_lines)) or null when not asked. Returned by a failed start too.
+  returned: state=started
+  type: dict
+  sample: {missing_paths: [{path: /mnt/data}], rxdm: null}
 report:
   description: The probe's JSON report (every target reached or not, the source address, disk,
     GPUs, packages, listen_error), or null when it printed none (see RV(error)).
@@ -227,6 +262,13 @@ def main():
             state=dict(type="str", choices=["started", "collected"], required=True),
             **CONTAINER_OPTIONS,
             files=dict(type="list", elements="dict", default=[], options=files.ENTRY_OPTIONS),
+            host_paths=dict(
+                type="list",
+                elements="dict",
+                default=[],
+                options=dict(path=dict(type="path", required=True), kind=dict(type="str")),
+            ),
+            rxdm=dict(type="str"),
             auto_remove=dict(type="bool", default=False),
             wait=dict(type="int", default=30),
             tail=dict(type="int", default=20),
@@ -237,13 +279,18 @@ def main():
     )
     params = module.params
     docker = DockerAPI.from_params(params)
+    checked = {}
     try:
+        if params["state"] == "started":
+            checked = dict(host_checks=probe.host_checks(docker, params))
         result = probe.run(docker, params, module.check_mode)
     except files.EntryError as exc:
-        module.fail_json(msg="preflight probe %s: %s" % (params["name"], exc), changes=exc.changes)
+        module.fail_json(
+            msg="preflight probe %s: %s" % (params["name"], exc), changes=exc.changes, **checked
+        )
     except DockerError as exc:
-        module.fail_json(msg="preflight probe %s: %s" % (params["name"], exc))
-    module.exit_json(**result)
+        module.fail_json(msg="preflight probe %s: %s" % (params["name"], exc), **checked)
+    module.exit_json(**dict(result, **checked))
 
 
 if __name__ == "__main__":

@@ -747,18 +747,16 @@ def node_reports(hosts, hostvars, master, host_network):
         nic = facts.get("primary_nic") or {}
         network_profile = nic.get("network_profile") or {}
         profile = network_profile.get("profile") if host_network else "socket"
+        # What the start looked at on the host (a failed start returns it too).
+        checks = start.get("host_checks") or {}
         rxdm = None
         if profile == "tcpxo":
-            found = facts.get("preflight_rxdm") or {}
+            found = checks.get("rxdm") or {}
             rxdm = {
                 "state": (found.get("container") or {}).get("state", "missing"),
                 "log_lines": found.get("log_lines", []),
             }
-        missing = [
-            entry["item"]
-            for entry in (facts.get("preflight_shared_mounts") or {}).get("results", [])
-            if not (entry.get("stat") or {}).get("exists")
-        ]
+        missing = checks.get("missing_paths") or []
         read.update(
             listener=dict(read.get("listener") or {}, error=start_error),
             gpu_health=facts.get("preflight_gpu_health_result"),

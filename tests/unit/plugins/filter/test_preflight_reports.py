@@ -107,16 +107,15 @@ def test_host_checks_gpu_health_and_tcpxo_are_carried():
     hostvars["vm1"].update(
         primary_nic=_nic("10.0.0.3", profile="tcpxo"),
         preflight_gpu_health_result={"findings": []},
-        preflight_rxdm={"container": {"state": "running"}, "log_lines": ["up"]},
-        preflight_shared_mounts={
-            "results": [
-                {"item": {"path": "/mnt/data"}, "stat": {"exists": False}},
-                {
-                    "item": {"path": "/dev/aperture_devices", "kind": "device"},
-                    "stat": {"exists": False},
-                },
-                {"item": {"path": "/mnt/ok"}, "stat": {"exists": True}},
-            ]
+        preflight_probe_start={
+            "changed": True,
+            "host_checks": {
+                "rxdm": {"container": {"state": "running"}, "log_lines": ["up"]},
+                "missing_paths": [
+                    {"path": "/mnt/data"},
+                    {"path": "/dev/aperture_devices", "kind": "device"},
+                ],
+            },
         },
         gcp_name="vm1",
     )
@@ -132,6 +131,19 @@ def test_host_checks_gpu_health_and_tcpxo_are_carried():
     assert preflight_reports(["vm1"], hostvars=hostvars, master="vm0", host_network=True)["nodes"][
         "vm1"
     ]["placement"] == ["projects/p/regions/r/resourcePolicies/compact"]
+
+
+def test_a_failed_start_still_gives_its_host_checks():
+    hostvars = _cluster()
+    hostvars["vm1"]["preflight_probe_start"] = {
+        "failed": True,
+        "msg": "port 29500 is taken",
+        "host_checks": {"missing_paths": [{"path": "/mnt/data"}], "rxdm": None},
+    }
+    report = preflight_reports(["vm1"], hostvars=hostvars, master="vm0", host_network=True)[
+        "reports"
+    ]["vm1"]
+    assert (report["error"], report["missing_mounts"]) == ("port 29500 is taken", ["/mnt/data"])
 
 
 def test_bridge_networking_is_the_socket_profile_and_rxdm_is_not_looked_at():

@@ -3,6 +3,7 @@
 job's settings, then signalled, its report read and the container removed."""
 
 import json
+import struct
 
 import ansible_run
 import pytest
@@ -214,3 +215,50 @@ def test_a_read_without_gathering_returns_none(started, socket_path, tmp_path):
     started.containers[NAME]["logs"] += [log(json.dumps(REPORT))]
     result = run_module(tmp_path, name=NAME, state="collected", docker_socket=socket_path)
     assert result["gathered"] == {}
+
+
+def test_the_start_looks_on_the_host_for_what_the_container_does_not_show(
+    dockerd, socket_path, tmp_path
+):
+    """host_paths and rxdm in the start's own call: the missing entries as given (a dangling
+    link is there, as lstat finds it), the receive-datapath-manager's state and last lines."""
+    dockerd.images[IMAGE] = "sha256:" + "1" * 64
+    present, link = tmp_path / "mnt-data", tmp_path / "plugin-link"
+    present.mkdir()
+    link.symlink_to(tmp_path / "nowhere")
+    dockerd.add_container(
+        "receive-datapath-manager",
+        {"Id": "rxdm", "State": {"Running": True, "Status": "running"}, "Config": {}},
+        logs=b"".join(
+            struct.pack(">BxxxL", 1, len(line)) + line
+            for line in (b"2026-12-05T01:00:00Z line %d\n" % i for i in range(8))
+        ),
+    )
+    host_paths = [
+        {"path": str(present)},
+        {"path": str(tmp_path / "mnt-gone")},
+        {"path": str(link), "kind": "env_script"},
+        {"path": str(tmp_path / "dev-gone"), "kind": "device"},
+    ]
+    result = start_true(
+        tmp_path, socket_path, host_paths=host_paths, rxdm="receive-datapath-manager"
+    )
+    assert not result.get("failed"), result
+    checks = result["host_checks"]
+    assert checks["missing_paths"] == [
+        {"path": str(tmp_path / "mnt-gone")},
+        {"path": str(tmp_path / "dev-gone"), "kind": "device"},
+    ]
+    assert checks["rxdm"]["container"]["state"] == "running"
+    assert checks["rxdm"]["log_lines"] == [f"line {i}" for i in range(3, 8)]
+    assert dockerd.containers[NAME]["inspect"]["State"]["Running"]
+    # Not asked: no container looked at; one that is not there is "missing".
+    assert start_true(tmp_path, socket_path)["host_checks"] == {"missing_paths": [], "rxdm": None}
+    gone = start_true(tmp_path, socket_path, rxdm="no-such-rxdm")["host_checks"]["rxdm"]
+    assert gone == {"container": {"state": "missing"}, "log_lines": []}
+
+
+def test_a_failed_start_returns_its_host_checks(dockerd, socket_path, tmp_path):
+    result = start_true(tmp_path, socket_path, host_paths=[{"path": str(tmp_path / "gone")}])
+    assert result["failed"] and "No such image" in result["msg"]
+    assert result["host_checks"]["missing_paths"] == [{"path": str(tmp_path / "gone")}]
