@@ -723,6 +723,18 @@ def warnings(nodes):
     ]
 
 
+def _gpu_health_read(facts):
+    """The node's GPU health as the preflight read it (async_status of the check started in the
+    background; None where none ran), or its start's result where the check could not start."""
+    read = facts.get("preflight_gpu_health_result")
+    started = facts.get("preflight_gpu_health_job") or {}
+    if started.get("failed") and (not isinstance(read, dict) or read.get("skipped")):
+        return started
+    if isinstance(read, dict) and read.get("started") and not read.get("finished"):
+        return dict(read, failed=True, msg="it did not end within its time")
+    return read
+
+
 def node_reports(hosts, hostvars, master, host_network):
     """Every node's report and discovery facts, read once on the controller from each node's
     registered results and facts (hostvars): {'reports': host -> the probe's read with the
@@ -759,7 +771,7 @@ def node_reports(hosts, hostvars, master, host_network):
         missing = checks.get("missing_paths") or []
         read.update(
             listener=dict(read.get("listener") or {}, error=start_error),
-            gpu_health=facts.get("preflight_gpu_health_result"),
+            gpu_health=_gpu_health_read(facts),
             rxdm=rxdm,
             missing_mounts=[item["path"] for item in missing if "kind" not in item],
             missing_network=[item for item in missing if "kind" in item],

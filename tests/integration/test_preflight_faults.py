@@ -16,10 +16,14 @@ pytestmark = pytest.mark.cluster  # brings up a local cluster
 TRAIN = "playbooks/train.yml"
 
 
-def train(inventory, tmp_path, job, **extravars):
+def train(inventory, tmp_path, job, skip_tags=None, **extravars):
     """(rc, host -> failure message, unreachable hosts)."""
     runner, _facts, _results = run_playbook(
-        inventory, tmp_path, TRAIN, extravars={**PULL_VARS, "llamafactory_job": job, **extravars}
+        inventory,
+        tmp_path,
+        TRAIN,
+        extravars={**PULL_VARS, "llamafactory_job": job, **extravars},
+        skip_tags=skip_tags,
     )
     failures, unreachable = {}, []
     for event in runner.events:
@@ -220,16 +224,28 @@ def test_master_port_already_taken(train_cluster, tmp_path):
     assert_nothing_started((vm0, vm1), "pf-busy")
 
 
-def test_a_shared_mount_missing_on_the_nodes(train_cluster, tmp_path):
+def test_what_the_nodes_lack_on_the_host_a_shared_mount_and_the_gpu_driver(train_cluster, tmp_path):
+    """A job of 1 GPU a node on nodes without NVIDIA's driver or runtime (the host setup
+    skipped), with a shared mount they lack: the probe's start fails on Docker's missing GPU
+    runtime, yet returns what it found on the host; the GPUs' health check, run in the
+    background beside the probes, names the driver on each node."""
     inventory, vms = train_cluster
     rc, failures, _unreachable = train(
-        inventory, tmp_path, "pf-nomount", llamafactory_shared_mounts=["/srv/nowhere"]
+        inventory,
+        tmp_path,
+        "pf-nomount",
+        skip_tags="host_setup",
+        llamafactory_shared_mounts=["/srv/nowhere"],
+        llamafactory_gpus_per_node=1,
     )
     assert rc != 0
     message = failures["vm0"]
-    assert "shared-mount-missing: vm0 has no folder /srv/nowhere" in message
-    assert "shared-mount-missing: vm1 has no folder /srv/nowhere" in message
+    for vm in ("vm0", "vm1"):
+        assert f"shared-mount-missing: {vm} has no folder /srv/nowhere" in message
+        assert f"nvidia-smi-missing: {vm}: nvidia-smi is not installed" in message
     assert_nothing_started(vms, "pf-nomount")
+    for vm in vms:  # the health check's status file stays in the job's folder
+        assert vm.sh("ls /var/lib/llamafactory/jobs/pf-nomount/async").stdout.strip(), vm.name
 
 
 def test_mtu_mismatch(train_cluster, tmp_path):

@@ -133,6 +133,29 @@ def test_host_checks_gpu_health_and_tcpxo_are_carried():
     ]["placement"] == ["projects/p/regions/r/resourcePolicies/compact"]
 
 
+def test_the_gpu_health_is_read_from_its_wait_or_from_a_start_that_failed():
+    """The check runs in the background (async): its wait (async_status) carries the module's
+    result; one that could not start gives its start's result, one past its time a failure."""
+    hostvars = _cluster()
+    done = {"started": 1, "finished": 1, "findings": [], "ansible_job_id": "j1"}
+    hostvars["vm1"].update(
+        preflight_gpu_health_job={"started": 1}, preflight_gpu_health_result=done
+    )
+
+    def health():
+        read = preflight_reports(["vm1"], hostvars=hostvars, master="vm0", host_network=True)
+        return read["reports"]["vm1"]["gpu_health"]
+
+    assert health() == done
+    hostvars["vm1"]["preflight_gpu_health_result"] = {"started": 1, "finished": 0, "failed": True}
+    assert health()["msg"] == "it did not end within its time" and health()["failed"]
+    hostvars["vm1"].update(
+        preflight_gpu_health_job={"failed": True, "msg": "async_wrapper: no python"},
+        preflight_gpu_health_result={"skipped": True, "changed": False},
+    )
+    assert health() == {"failed": True, "msg": "async_wrapper: no python"}
+
+
 def test_a_failed_start_still_gives_its_host_checks():
     hostvars = _cluster()
     hostvars["vm1"]["preflight_probe_start"] = {
