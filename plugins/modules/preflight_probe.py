@@ -22,7 +22,7 @@ description:
     (RV(host_checks)) - the O(host_paths) that are missing and the O(rxdm) container - in the
     same call, before anything is written or started; a failed start returns them too. A
     loop of M(ansible.builtin.stat) took a round trip per path and node (a GPU VM of the gib
-    profile has a dozen: the plugin's script, its RDMA devices and folders).
+    profile has a dozen - the plugin's script, its RDMA devices and folders).
   - O(state=collected) signals the probe (SIGUSR1 - every node's probe runs now, a refused
     connection is final), waits at most O(wait) seconds for its JSON report, and removes the
     container - after at most 2 s more when every target answered (it ends as soon as its
