@@ -199,12 +199,21 @@ changes:
   type: dict
   sample: {/var/lib/llamafactory/jobs/demo/preflight_probe.py: [content]}
 host_checks:
-  description: What the start looked at on the host - C(missing_paths), the entries of
-    O(host_paths) not there; C(rxdm), the container O(rxdm) (C(container), as RV(container);
-    C(log_lines)) or null when not asked. Returned by a failed start too.
+  description: What the start looked at on the host. Returned by a failed start too.
   returned: state=started
   type: dict
   sample: {missing_paths: [{path: /mnt/data}], rxdm: null}
+  contains:
+    missing_paths:
+      description: The entries of O(host_paths) not there, as given.
+      returned: always
+      type: list
+      elements: dict
+    rxdm:
+      description: The container O(rxdm) - C(container), as RV(container), and C(log_lines);
+        null when not asked.
+      returned: always
+      type: dict
 report:
   description: The probe's JSON report (every target reached or not, the source address, disk,
     GPUs, packages, listen_error), or null when it printed none (see RV(error)).
